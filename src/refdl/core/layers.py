@@ -1,0 +1,400 @@
+"""Layers and the ``Sequential`` model ``f(x) = f_n(...f_1(x))``.
+
+Every layer is a flax linen module written for one device, with the uniform
+signature ``layer(x, train=False)``. Every parameter carries logical axis
+names (``embed``, ``mlp``, ``heads``, ``conv_in``, ``conv_out``, ``vocab``,
+``lstm_gates`` ...) through ``nn.with_logical_partitioning``; the strategies
+map those names to mesh axes and never edit model code.
+
+``Sequential`` keeps one parameter sub-tree per layer, keyed ``"00_conv"``,
+``"01_maxpool"`` ..., so a model splits into contiguous pipeline stages by
+slicing its layer list: stage parameters are a subset of the keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+Array = jax.Array
+PyTree = Any
+Axes = tuple[str | None, ...]
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "gelu": jax.nn.gelu,
+    "sigmoid": jax.nn.sigmoid,
+}
+
+
+def activation(name: str | None) -> Callable[[Array], Array]:
+    """The activation function called ``name`` (``None`` is the identity)."""
+    if name is None:
+        return lambda x: x
+    return _ACTIVATIONS[name]
+
+
+def _param(module: nn.Module, name: str, init: Callable, shape: Sequence[int], axes: Axes):
+    """A parameter boxed with its logical axis names."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape))
+
+
+class Dense(nn.Module):
+    """``y = act(x @ W + b)`` on the last axis; ``W`` has axes ``(in_axis, out_axis)``."""
+
+    features: int
+    in_axis: str | None = "embed"
+    out_axis: str | None = "mlp"
+    act: str | None = None
+    use_bias: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        kernel = _param(
+            self,
+            "kernel",
+            nn.initializers.lecun_normal(),
+            (x.shape[-1], self.features),
+            (self.in_axis, self.out_axis),
+        )
+        y = jnp.dot(x, kernel)
+        if self.use_bias:
+            y = y + _param(self, "bias", nn.initializers.zeros, (self.features,), (self.out_axis,))
+        return activation(self.act)(y)
+
+
+class Conv(nn.Module):
+    """2-D convolution, NHWC input, HWIO kernel with axes ``(None, None, conv_in, conv_out)``."""
+
+    features: int
+    kernel_size: tuple[int, int] = (3, 3)
+    strides: tuple[int, int] = (1, 1)
+    padding: str = "SAME"
+    act: str | None = None
+    use_bias: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        kh, kw = self.kernel_size
+        kernel = _param(
+            self,
+            "kernel",
+            nn.initializers.lecun_normal(),
+            (kh, kw, x.shape[-1], self.features),
+            (None, None, "conv_in", "conv_out"),
+        )
+        y = jax.lax.conv_general_dilated(
+            x,
+            kernel,
+            window_strides=self.strides,
+            padding=self.padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        if self.use_bias:
+            y = y + _param(self, "bias", nn.initializers.zeros, (self.features,), ("conv_out",))
+        return activation(self.act)(y)
+
+
+class Pool(nn.Module):
+    """Max or average pooling over a square window (no parameters)."""
+
+    kind: str = "max"
+    window: int = 2
+    stride: int = 2
+    padding: str = "VALID"
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        pool = nn.max_pool if self.kind == "max" else nn.avg_pool
+        return pool(x, (self.window, self.window), (self.stride, self.stride), self.padding)
+
+
+class GlobalAvgPool(nn.Module):
+    """Mean over the spatial axes: NHWC -> NC."""
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        return jnp.mean(x, axis=(1, 2))
+
+
+class Flatten(nn.Module):
+    """Flatten everything but the batch axis."""
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        return x.reshape(x.shape[0], -1)
+
+
+class BatchNorm(nn.Module):
+    """Batch normalisation over all but the last axis (statistics of the whole global batch).
+
+    Running averages live in the ``batch_stats`` collection (``TrainState.model_state``).
+    """
+
+    axis_name: str | None = "conv_out"
+    momentum: float = 0.9
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        axes = (self.axis_name,)
+        return nn.BatchNorm(
+            use_running_average=not train,
+            momentum=self.momentum,
+            epsilon=self.epsilon,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, axes),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes),
+        )(x)
+
+
+class LayerNorm(nn.Module):
+    """Layer normalisation over the last axis, parameters on ``axis_name``."""
+
+    axis_name: str | None = "embed"
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        axes = (self.axis_name,)
+        return nn.LayerNorm(
+            epsilon=self.epsilon,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, axes),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes),
+        )(x)
+
+
+class ConvBN(nn.Module):
+    """conv3x3 (no bias) + BatchNorm + activation, as one layer (the ResNet stem)."""
+
+    features: int
+    act: str | None = "relu"
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        y = Conv(self.features, (3, 3), use_bias=False)(x)
+        return activation(self.act)(BatchNorm()(y, train))
+
+
+class ResidualBlock(nn.Module):
+    """He et al.'s CIFAR basic block: conv3x3-BN-ReLU-conv3x3-BN, + shortcut, ReLU.
+
+    The shortcut is option A of the paper (identity; when the shape changes,
+    stride-2 subsampling and zero-padded channels), so ResNet-20 has the
+    paper's 0.27 M parameters.
+    """
+
+    features: int
+    strides: int = 1
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        s = (self.strides, self.strides)
+        y = Conv(self.features, (3, 3), s, use_bias=False)(x)
+        y = jax.nn.relu(BatchNorm()(y, train))
+        y = Conv(self.features, (3, 3), use_bias=False)(y)
+        y = BatchNorm()(y, train)
+        shortcut = x
+        if self.strides != 1:
+            shortcut = shortcut[:, :: self.strides, :: self.strides, :]
+        extra = self.features - shortcut.shape[-1]
+        if extra > 0:
+            pad = ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2))
+            shortcut = jnp.pad(shortcut, pad)
+        return jax.nn.relu(y + shortcut)
+
+
+class Embed(nn.Module):
+    """Token embedding: integer ids -> vectors; table axes ``(vocab, embed)``."""
+
+    vocab_size: int
+    features: int
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        table = _param(
+            self,
+            "embedding",
+            nn.initializers.normal(stddev=0.1),
+            (self.vocab_size, self.features),
+            ("vocab", "embed"),
+        )
+        return jnp.take(table, x, axis=0)
+
+
+class PositionalEmbed(nn.Module):
+    """Learned absolute position embedding added to ``[B, T, D]`` inputs."""
+
+    max_len: int
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        pos = _param(
+            self,
+            "embedding",
+            nn.initializers.normal(stddev=0.02),
+            (self.max_len, x.shape[-1]),
+            (None, "embed"),
+        )
+        return x + pos[None, : x.shape[1], :]
+
+
+class LSTM(nn.Module):
+    """One LSTM layer over ``[B, T, D]``, zero initial state, gates in PyTorch order i, f, g, o.
+
+    ``W_ih: (D, 4H)``, ``W_hh: (H, 4H)`` and one bias ``(4H,)``; the gate axis is
+    ``lstm_gates`` so tensor parallelism can split the four gates' units.
+    """
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        h = self.hidden
+        init = nn.initializers.uniform(scale=2.0 / np.sqrt(h))
+        shifted = lambda key, shape, dtype=jnp.float32: init(key, shape, dtype) - 1.0 / np.sqrt(h)  # noqa: E731
+        w_ih = _param(self, "w_ih", shifted, (x.shape[-1], 4 * h), ("embed", "lstm_gates"))
+        w_hh = _param(self, "w_hh", shifted, (h, 4 * h), ("lstm_hidden", "lstm_gates"))
+        bias = _param(self, "bias", nn.initializers.zeros, (4 * h,), ("lstm_gates",))
+        xw = jnp.einsum("btd,dg->btg", x, w_ih) + bias  # input projection for all steps at once
+
+        def cell(carry, xw_t):
+            h_prev, c_prev = carry
+            z = xw_t + h_prev @ w_hh
+            i, f, g, o = jnp.split(z, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h_t = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h_t, c), h_t
+
+        zeros = jnp.zeros((x.shape[0], h), x.dtype)
+        _, hs = jax.lax.scan(cell, (zeros, zeros), jnp.swapaxes(xw, 0, 1))
+        return jnp.swapaxes(hs, 0, 1)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN decoder block: x + MHA(LN(x)) (causal), then x + MLP(LN(x)).
+
+    Q, K, V and the output projection carry a ``heads`` axis, the MLP an ``mlp``
+    axis: Megatron-style tensor parallelism splits exactly those.
+    """
+
+    num_heads: int
+    mlp_dim: int
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False) -> Array:
+        _b, t, d = x.shape
+        hd = d // self.num_heads
+        y = LayerNorm()(x)
+        qkv_init = nn.initializers.lecun_normal()
+        wq = _param(self, "wq", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wk = _param(self, "wk", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wv = _param(self, "wv", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wo = _param(self, "wo", qkv_init, (self.num_heads, hd, d), ("heads", "head_dim", "embed"))
+        q = jnp.einsum("btd,dnh->bnth", y, wq) / np.sqrt(hd)
+        k = jnp.einsum("btd,dnh->bnth", y, wk)
+        v = jnp.einsum("btd,dnh->bnth", y, wv)
+        scores = jnp.einsum("bnqh,bnkh->bnqk", q, k)
+        mask = jnp.tril(jnp.ones((t, t), bool))
+        scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+        attn = jax.nn.softmax(scores, axis=-1)
+        ctx = jnp.einsum("bnqk,bnkh->bnqh", attn, v)
+        x = x + jnp.einsum("bnth,nhd->btd", ctx, wo)
+        y = LayerNorm()(x)
+        y = Dense(self.mlp_dim, "embed", "mlp", act="gelu")(y)
+        y = Dense(d, "mlp", "embed")(y)
+        return x + y
+
+
+def _layer_key(index: int, layer: nn.Module) -> str:
+    return f"{index:02d}_{type(layer).__name__.lower()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequential:
+    """A model as a sequence of layers, ``f(x) = f_n(...f_1(x))``.
+
+    Parameters are ``{layer_key: layer_params}``; non-trainable state (BatchNorm's
+    running averages) is ``{layer_key: {collection: ...}}`` for the layers that
+    have any. ``stage(i, j)`` is the contiguous sub-model of layers ``i..j-1``
+    with the same keys, so a pipeline stage applies to a subset of the params.
+    """
+
+    layers: tuple[nn.Module, ...]
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            object.__setattr__(
+                self, "keys", tuple(_layer_key(i, l) for i, l in enumerate(self.layers))
+            )
+        if len(self.keys) != len(self.layers):
+            raise ValueError("Sequential: one key per layer")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def init(self, rng: Array, x: Array) -> tuple[PyTree, PyTree, PyTree]:
+        """Initialise every layer on the example input ``x``.
+
+        Returns ``(params, model_state, logical_axes)``: plain arrays, the
+        non-parameter collections, and a tree like ``params`` whose leaves are
+        tuples of logical axis names (one per array dimension).
+        """
+        params, state, axes = {}, {}, {}
+        keys = jax.random.split(rng, len(self.layers))
+        for key, layer, k in zip(self.keys, self.layers, keys, strict=True):
+            variables = layer.init(k, x, train=False)
+            specs = nn.get_partition_spec(variables)
+            variables = nn.meta.unbox(variables)
+            x = layer.apply(variables, x, train=False)
+            p = variables.get("params", {})
+            params[key] = p
+            axes[key] = jax.tree.map(
+                tuple, specs.get("params", {}), is_leaf=lambda s: isinstance(s, PartitionSpec)
+            )
+            rest = {c: v for c, v in variables.items() if c != "params"}
+            if rest:
+                state[key] = rest
+        return params, state, axes
+
+    def apply(
+        self, params: PyTree, state: PyTree, x: Array, train: bool = False
+    ) -> tuple[Array, PyTree]:
+        """Run the layers in order; returns the output and the updated model state."""
+        new_state = {}
+        for key, layer in zip(self.keys, self.layers, strict=True):
+            s = state.get(key, {})
+            variables = {"params": params.get(key, {}), **s}
+            if train and s:
+                x, updates = layer.apply(variables, x, train=True, mutable=list(s))
+                new_state[key] = dict(updates)
+            else:
+                x = layer.apply(variables, x, train=train)
+                if s:
+                    new_state[key] = s
+        return x, new_state
+
+    def stage(self, start: int, stop: int) -> Sequential:
+        """The contiguous sub-model of layers ``start..stop-1`` (same parameter keys)."""
+        if not 0 <= start < stop <= len(self.layers):
+            raise ValueError(f"stage({start}, {stop}) outside 0..{len(self.layers)}")
+        return Sequential(self.layers[start:stop], self.keys[start:stop])
+
+    def split(self, boundaries: Sequence[int]) -> list[Sequential]:
+        """Split at the given layer indices: ``split([2, 5])`` -> layers 0-1, 2-4, 5-end."""
+        edges = [0, *boundaries, len(self.layers)]
+        return [self.stage(a, b) for a, b in itertools.pairwise(edges)]
+
+
+def param_count(tree: PyTree) -> int:
+    """Total number of scalars in a tree of arrays."""
+    return int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(tree)))

@@ -1,0 +1,89 @@
+"""``Task``: a model, a loss and an optimizer bound into pure training functions.
+
+The single-device reference step is ``Task.step``; every strategy reuses
+``Task.loss_and_grads`` and ``Task.apply_gradients`` and adds only placement and
+communication, which is what makes the strategies comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from refdl.core.layers import Sequential
+from refdl.core.losses import LOSSES, accuracy
+from refdl.core.state import TrainState
+
+PyTree = Any
+Batch = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What to train: ``model`` on ``loss`` with ``optimizer``; ``sample_x`` fixes input shapes."""
+
+    model: Sequential
+    loss: str
+    optimizer: optax.GradientTransformation
+    sample_x: np.ndarray
+    logical_axes: PyTree = None
+
+    def init_state(self, seed: int) -> TrainState:
+        """The initial state from ``seed`` (deterministic, on the default device)."""
+        key = jax.random.key(seed)
+        init_key, state_key = jax.random.split(key)
+        params, model_state, _ = self.model.init(init_key, jnp.asarray(self.sample_x))
+        return TrainState(
+            step=jnp.asarray(0, jnp.int32),
+            params=params,
+            model_state=model_state,
+            opt_state=self.optimizer.init(params),
+            rng=jax.random.key_data(state_key),
+        )
+
+    def loss_fn(
+        self, params: PyTree, model_state: PyTree, batch: Batch
+    ) -> tuple[jax.Array, PyTree]:
+        """Mean loss over the batch, and the updated model state."""
+        out, new_state = self.model.apply(params, model_state, batch["x"], train=True)
+        return LOSSES.get(self.loss)(out, batch["y"]), new_state
+
+    def loss_and_grads(
+        self, params: PyTree, model_state: PyTree, batch: Batch
+    ) -> tuple[jax.Array, PyTree, PyTree]:
+        """``(loss, grads, new_model_state)`` for one batch (or one shard of it)."""
+        (loss, new_state), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
+            params, model_state, batch
+        )
+        return loss, grads, new_state
+
+    def apply_gradients(self, state: TrainState, grads: PyTree, model_state: PyTree) -> TrainState:
+        """One optimizer update with ``grads``; advances the step."""
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        return state.replace(
+            step=state.step + 1,
+            params=optax.apply_updates(state.params, updates),
+            model_state=model_state,
+            opt_state=opt_state,
+        )
+
+    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The single-device reference step on the whole global batch."""
+        loss, grads, model_state = self.loss_and_grads(state.params, state.model_state, batch)
+        return self.apply_gradients(state, grads, model_state), {"loss": loss}
+
+    def eval_sums(self, params: PyTree, model_state: PyTree, batch: Batch) -> dict[str, jax.Array]:
+        """Sums over a test chunk: loss x count, correct predictions, and the count."""
+        out, _ = self.model.apply(params, model_state, batch["x"], train=False)
+        labels = batch["y"]
+        n = jnp.asarray(labels.size, jnp.float32)
+        return {
+            "loss_sum": LOSSES.get(self.loss)(out, labels) * n,
+            "correct": accuracy(out, labels) * n,
+            "count": n,
+        }

@@ -1,0 +1,42 @@
+"""``python -m refdl.data``: convert a data set into a tensorstore (zarr) store.
+
+python -m refdl.data convert --dataset digits --out /tmp/digits.zarr
+python -m refdl.data convert --dataset mnist --data-dir ~/mnist --out ~/mnist.zarr
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from refdl.errors import UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m refdl.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    conv = sub.add_parser("convert", help="write a data set as a zarr store")
+    conv.add_argument("--dataset", required=True)
+    conv.add_argument("--data-dir")
+    conv.add_argument("--out", required=True)
+    conv.add_argument("--chunk", type=int, default=256)
+    args = parser.parse_args(argv)
+    from refdl.data import load_dataset
+    from refdl.data.store import write_zarr
+
+    try:
+        ds = load_dataset(args.dataset, args.data_dir)
+        path = write_zarr(ds, args.out, args.chunk)
+    except UsageError as e:
+        print(f"refdl.data: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {ds.info.train_size} train + {ds.info.test_size} test examples to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The embedded real data sets, shipped inside installed packages (no download).
+
+- ``digits``: scikit-learn's 8x8 handwritten digits (UCI ML optical
+  recognition; 1,797 images, 10 classes), pixels scaled to [0, 1]. Fixed
+  split: a permutation with seed 0, the first 1,437 for training and the last
+  360 (20 %) for testing.
+- ``pytext``: CPython's own ``pydoc_data.topics`` (the help texts, ~0.5 MB of
+  English), topics concatenated in sorted order; the first 90 % of the
+  characters train, the last 10 % test. Character level by default;
+  ``--data-opt level=word`` gives words (lower-cased, top 5,000 + ``<unk>``).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import importlib.util
+import re
+from pathlib import Path
+
+import numpy as np
+
+from refdl.data.base import ArrayDataset, DataInfo, DatasetDef, register, text_dataset
+from refdl.errors import DataError
+
+DIGITS_TEST = 360
+
+
+def _digits_file() -> Path:
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("data set 'digits' needs scikit-learn: run scripts/setup.sh")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        raise DataError(f"{path}: missing from the scikit-learn install; reinstall scikit-learn")
+    return path
+
+
+def load_digits() -> ArrayDataset:
+    """The 1,797 8x8 digits with the fixed 1,437 / 360 split."""
+    path = _digits_file()
+    with gzip.open(path, "rt") as f:
+        raw = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    x = (raw[:, :64] / 16.0).reshape(-1, 8, 8, 1).astype(np.float32)
+    y = raw[:, 64].astype(np.int32)
+    perm = np.random.default_rng(0).permutation(len(x))
+    tr, te = perm[:-DIGITS_TEST], perm[-DIGITS_TEST:]
+    info = DataInfo("digits", "image", (8, 8, 1), "float32", 10, len(tr), len(te))
+    return ArrayDataset(info, (x[tr], y[tr]), (x[te], y[te]))
+
+
+def pydoc_text() -> str:
+    """The text of CPython's help topics, topics in sorted order."""
+    from pydoc_data import topics
+
+    return "\n".join(topics.topics[k] for k in sorted(topics.topics))
+
+
+def load_pytext(seq_len: int = 20, level: str = "char", vocab_size: int = 5000) -> ArrayDataset:
+    """The help-topics corpus as windows of ``seq_len`` tokens (character or word level)."""
+    text = pydoc_text()
+    if level == "char":
+        vocab = tuple(sorted(set(text)))
+        index = {c: i for i, c in enumerate(vocab)}
+        ids = np.fromiter((index[c] for c in text), np.int32, len(text))
+    elif level == "word":
+        words = re.findall(r"[a-z0-9]+|[^\sa-z0-9]", text.lower())
+        cut = int(0.9 * len(words))
+        common = [w for w, _ in collections.Counter(words[:cut]).most_common(vocab_size - 1)]
+        vocab = ("<unk>", *sorted(common))
+        index = {w: i for i, w in enumerate(vocab)}
+        ids = np.asarray([index.get(w, 0) for w in words], np.int32)
+    else:
+        raise DataError(f"pytext: --data-opt level must be 'char' or 'word' (got {level!r})")
+    cut = int(0.9 * len(ids))
+    return text_dataset("pytext", ids[:cut], ids[cut:], vocab, seq_len)
+
+
+register(DatasetDef("digits", load_digits, "image", {}, doc="8x8 handwritten digits"))
+register(
+    DatasetDef(
+        "pytext",
+        load_pytext,
+        "tokens",
+        {"seq_len": 20, "level": "char", "vocab_size": 5000},
+        doc="CPython help topics text",
+    )
+)

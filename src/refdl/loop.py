@@ -1,0 +1,399 @@
+"""The one training loop every strategy runs under.
+
+``fit(spec)`` builds the data set, the model, the task and the strategy from a
+validated ``RunSpec``, then for each step asks the data order for the global
+batch and the strategy for one step. It owns what is common to all strategies:
+progress, evaluation, ``metrics.jsonl``, ``summary.json``, checkpoints,
+``--resume``, NaN/Inf detection and clean interruption.
+
+Files in the run folder (written by the primary process only):
+
+- ``config.json``: the RunSpec as run;
+- ``metrics.jsonl``: one JSON object per logged step (``step``, ``loss``,
+  ``loss_avg``, ``lr``, ``epoch``, ``step_time_s``, ``samples_per_second``,
+  and ``test_*`` at evaluation steps);
+- ``summary.json``: the run's result (keys in ``SUMMARY_KEYS``; they only grow);
+- ``checkpoints/step_N``: see ``refdl.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from refdl import checkpoint
+from refdl.core.optim import make_optimizer, make_schedule
+from refdl.core.state import TrainState, to_host
+from refdl.core.task import Task
+from refdl.data import Dataset, load_dataset
+from refdl.data.order import epoch_of, global_batch_indices
+from refdl.errors import DivergedError, UsageError
+from refdl.models import MODELS
+from refdl.spec import TRAJECTORY_KEYS, RunSpec
+from refdl.strategies import STRATEGIES, Strategy
+
+SUMMARY_KEYS = (
+    "strategy",
+    "model",
+    "dataset",
+    "steps",
+    "global_batch",
+    "devices",
+    "final_train_loss",
+    "test_accuracy",
+    "samples_per_second",
+    "step_time_median_s",
+    "wall_time_s",
+    "params_l2_norm",
+    "peak_memory_bytes",
+)
+FINAL_LOSS_WINDOW = 10  # final_train_loss = mean loss of the last 10 steps
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built from a spec: data set, task (model, loss, optimizer), strategy."""
+
+    spec: RunSpec
+    dataset: Dataset
+    task: Task
+    strategy: Strategy
+    schedule: Any
+
+
+def build(spec: RunSpec) -> Run:
+    """Build the pieces of a run; raises UsageError for anything that does not fit."""
+    spec = spec.with_model_defaults().validate()
+    dataset = load_dataset(spec.dataset, spec.data_dir, dict(spec.data_opts))
+    info = dataset.info
+    if spec.batch_size > info.train_size:
+        raise UsageError(
+            f"--batch-size {spec.batch_size} is larger than the {info.train_size} training "
+            f"examples of {info.name!r}; use a smaller batch"
+        )
+    model = MODELS.get(spec.model).make(info, dict(spec.model_opts))
+    schedule = make_schedule(
+        spec.lr,
+        spec.lr_schedule,
+        total_steps=spec.steps,
+        warmup_steps=spec.warmup_steps,
+        decay_every=spec.lr_decay_every,
+        decay_factor=spec.lr_decay_factor,
+    )
+    optimizer = make_optimizer(
+        spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+    sample = dataset.train_batch(np.arange(1))["x"]
+    _, _, axes = model.init(jax.random.key(0), jnp.asarray(sample))
+    task = Task(model, spec.loss, optimizer, sample, axes)
+    available = jax.devices()
+    if len(available) < spec.devices:
+        raise UsageError(
+            f"--devices {spec.devices} asked for more devices than JAX sees ({len(available)}); "
+            "on a CPU host python -m refdl.train simulates them, in a library set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={spec.devices} before importing jax"
+        )
+    strategy = STRATEGIES.get(spec.strategy)(task, spec, available[: spec.devices])
+    return Run(spec, dataset, task, strategy, schedule)
+
+
+def global_batch(run: Run, step: int) -> dict[str, np.ndarray]:
+    """The global batch of ``step`` in the shared deterministic order."""
+    idx = global_batch_indices(
+        run.spec.seed, step, run.spec.batch_size, run.dataset.info.train_size
+    )
+    return run.dataset.train_batch(idx)
+
+
+def evaluate(run: Run, host_state: TrainState, eval_fn=None) -> dict[str, float]:
+    """Test loss and accuracy (and perplexity for token data) with the full parameters."""
+    eval_fn = eval_fn or jax.jit(run.task.eval_sums)
+    totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    for batch in run.dataset.test_batches():
+        sums = eval_fn(host_state.params, host_state.model_state, batch)
+        for k in totals:
+            totals[k] += float(sums[k])
+    loss = totals["loss_sum"] / totals["count"]
+    out = {"test_loss": loss, "test_accuracy": totals["correct"] / totals["count"]}
+    if run.dataset.info.kind == "tokens":
+        out["test_perplexity"] = math.exp(min(loss, 700.0))
+    return out
+
+
+def params_l2_norm(params: Any) -> float:
+    """The float64 L2 norm over all parameters (the number strategies are compared by)."""
+    return float(
+        math.sqrt(
+            sum(float(np.sum(np.asarray(x, np.float64) ** 2)) for x in jax.tree.leaves(params))
+        )
+    )
+
+
+def peak_memory() -> tuple[int | None, str]:
+    """Peak memory in bytes and where it came from (device allocator, else host RSS)."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # some backends do not implement memory_stats
+        stats = {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host_max_rss"
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+class _Writer:
+    """Appends to metrics.jsonl and writes JSON files; does nothing off the primary process."""
+
+    def __init__(self, out: Path, enabled: bool, resume_step: int | None) -> None:
+        self.out, self.enabled = out, enabled
+        if not enabled:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = out / "metrics.jsonl"
+        if resume_step is not None and self.metrics_path.exists():
+            # Drop rows past the checkpoint we resume from: they will be recomputed.
+            rows = [ln for ln in self.metrics_path.read_text().splitlines() if ln.strip()]
+            kept = [ln for ln in rows if json.loads(ln).get("step", 0) <= resume_step]
+            self.metrics_path.write_text("".join(ln + "\n" for ln in kept))
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()
+        self._f = open(self.metrics_path, "a")  # noqa: SIM115  (closed in close())
+
+    def metric(self, row: dict[str, Any]) -> None:
+        if self.enabled:
+            self._f.write(json.dumps(row) + "\n")
+            self._f.flush()
+
+    def json(self, name: str, obj: dict[str, Any]) -> None:
+        if self.enabled:
+            tmp = self.out / f".{name}.tmp"
+            tmp.write_text(json.dumps(_finite(obj), indent=2) + "\n")
+            os.replace(tmp, self.out / name)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._f.close()
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5,
+        file=sys.stderr,
+        disable=None,
+    )
+
+
+def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
+    """Train as ``spec`` says; returns the summary (also written to ``out/summary.json``).
+
+    Raises ``UsageError`` for bad input, ``DivergedError`` when the loss turns
+    NaN/Inf (the last good checkpoint stays as it was), and re-raises
+    ``KeyboardInterrupt`` after checkpointing the last completed step.
+    """
+    t_start = time.perf_counter()
+    run = build(spec)
+    spec, strategy = run.spec, run.strategy
+    out = Path(out or spec.out or default_out_dir())
+    ckpt_dir = out / "checkpoints"
+
+    resume_step = None
+    if spec.resume:
+        path = checkpoint.resolve(spec.resume)
+        host = checkpoint.restore(path, to_host(run.task.init_state(spec.seed)))
+        resume_step = int(host.step)
+        state = strategy.place_state(host)
+    else:
+        state = strategy.init_state(spec.seed)
+    start = resume_step or 0
+    if start > spec.steps:
+        raise UsageError(
+            f"--resume checkpoint is at step {start}, past --steps {spec.steps}; raise --steps"
+        )
+
+    writer = _Writer(out, strategy.primary, resume_step)
+    writer.json("config.json", {**spec.to_dict(), "out": str(out)})
+    meta = {"spec": spec.to_dict()}
+    eval_fn = jax.jit(run.task.eval_sums)
+    n_train = run.dataset.info.train_size
+    bar = _progress(spec.steps, start, spec.progress and strategy.primary)
+    losses: list[float] = []
+    times: list[float] = []
+    last_eval: dict[str, float] = {}
+    status, step = "completed", start
+
+    def save_checkpoint(s: TrainState) -> None:
+        host = strategy.gather_state(s)
+        if strategy.primary:
+            checkpoint.save(ckpt_dir, host, meta, keep=spec.keep_checkpoints)
+
+    try:
+        for step in range(start, spec.steps):
+            batch = global_batch(run, step)
+            t0 = time.perf_counter()
+            # The old state may be donated to the step: from here the new one is the state.
+            state, metrics = strategy.train_step(state, batch)
+            loss = float(metrics["loss"])  # waits for the step to finish
+            dt = time.perf_counter() - t0
+            if not math.isfinite(loss):
+                last = checkpoint.all_checkpoints(ckpt_dir)
+                where = f"; the last good checkpoint is {last[-1]}" if last else ""
+                raise DivergedError(
+                    f"loss is {loss} at step {step + 1}: training diverged "
+                    f"(lower --lr or change the optimizer){where}"
+                )
+            losses.append(loss)
+            times.append(dt)
+            done = step + 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{loss:.4f}", sps=f"{spec.batch_size / dt:.0f}", refresh=False
+                )
+            evaluated = spec.eval_every and (done % spec.eval_every == 0 or done == spec.steps)
+            if evaluated:
+                last_eval = evaluate(run, strategy.gather_state(state), eval_fn)
+            if evaluated or (spec.log_every and done % spec.log_every == 0) or done == spec.steps:
+                window = losses[-(spec.log_every or 1) :]
+                row = {
+                    "step": done,
+                    "loss": loss,
+                    "loss_avg": float(np.mean(window)),
+                    "lr": float(run.schedule(step)),
+                    "epoch": epoch_of(step, spec.batch_size, n_train),
+                    "step_time_s": dt,
+                    "samples_per_second": spec.batch_size / dt,
+                }
+                row.update({k: _jsonable(v) for k, v in metrics.items() if k != "loss"})
+                if evaluated:
+                    row.update(last_eval)
+                writer.metric(row)
+                if bar is not None and evaluated and "test_accuracy" in last_eval:
+                    bar.write(
+                        f"step {done}: loss {row['loss_avg']:.4f}, "
+                        f"test accuracy {last_eval['test_accuracy']:.4f}",
+                        file=sys.stderr,
+                    )
+            if spec.checkpoint_every and done % spec.checkpoint_every == 0:
+                save_checkpoint(state)
+        step = spec.steps
+        save_checkpoint(state)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        save_checkpoint(state)
+    except DivergedError:
+        status = "diverged"
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        host = strategy.gather_state(state)
+        if not last_eval or status != "completed":
+            last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
+        summary = _summary(run, host, losses, times, last_eval, t_start, status, start, step)
+        summary["run_dir"] = str(out)
+        writer.json("summary.json", summary)
+        writer.close()
+    if status == "interrupted":
+        raise KeyboardInterrupt
+    return summary
+
+
+def _finite(obj: Any) -> Any:
+    """Non-finite floats become None, so the JSON stays standard."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _jsonable(v: Any) -> Any:
+    a = np.asarray(v)
+    return a.item() if a.ndim == 0 else a.tolist()
+
+
+def _summary(
+    run: Run,
+    host: TrainState,
+    losses: list[float],
+    times: list[float],
+    last_eval: dict[str, float],
+    t_start: float,
+    status: str,
+    start: int,
+    step: int,
+) -> dict[str, Any]:
+    spec, info = run.spec, run.dataset.info
+    median = statistics.median(times) if times else None
+    peak, source = peak_memory()
+    from refdl.core.layers import param_count
+
+    summary = {
+        "strategy": spec.strategy,
+        "model": spec.model,
+        "dataset": info.name,
+        "steps": step,
+        "global_batch": spec.batch_size,
+        "devices": len(run.strategy.devices),
+        "final_train_loss": float(np.mean(losses[-FINAL_LOSS_WINDOW:])) if losses else None,
+        "test_accuracy": last_eval.get("test_accuracy"),
+        "test_loss": last_eval.get("test_loss"),
+        "samples_per_second": spec.batch_size / median if median else None,
+        "step_time_median_s": median,
+        "compile_step_time_s": times[0] if times else None,
+        "wall_time_s": time.perf_counter() - t_start,
+        "params_l2_norm": params_l2_norm(host.params),
+        "param_count": param_count(host.params),
+        "peak_memory_bytes": peak,
+        "peak_memory_source": source,
+        "status": status,
+        "resumed_from_step": start if spec.resume else None,
+        "optimizer": spec.optimizer,
+        "lr": spec.lr,
+        "seed": spec.seed,
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+    }
+    if "test_perplexity" in last_eval:
+        summary["test_perplexity"] = last_eval["test_perplexity"]
+    summary.update(info.baselines)
+    summary.update(run.strategy.summary())
+    return summary
+
+
+def check_resume_compatible(saved: dict[str, Any], explicit: dict[str, Any]) -> None:
+    """Refuse explicit flags that would change a resumed run's trajectory."""
+    for key in TRAJECTORY_KEYS:
+        if key in explicit and key in saved and _norm(explicit[key]) != _norm(saved[key]):
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(
+                f"{flag} {explicit[key]!r} differs from the checkpoint's {saved[key]!r}; "
+                f"drop {flag} to resume the same run (or start a new run without --resume)"
+            )
+
+
+def _norm(v: Any) -> Any:
+    return [list(p) for p in v] if isinstance(v, (list, tuple)) else v

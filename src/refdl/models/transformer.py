@@ -1,0 +1,38 @@
+"""A small decoder-only Transformer language model (GPT-style, pre-LayerNorm)."""
+
+from __future__ import annotations
+
+from refdl.core.layers import (
+    Dense,
+    Embed,
+    LayerNorm,
+    PositionalEmbed,
+    Sequential,
+    TransformerBlock,
+)
+from refdl.errors import UsageError
+from refdl.models.base import ModelDef, register
+
+
+def build(
+    info, d_model: int = 128, heads: int = 4, layers: int = 2, mlp_dim: int = 512
+) -> Sequential:
+    """``Embed + positions -> blocks -> LayerNorm -> Dense(vocab)``; causal attention."""
+    if d_model % heads:
+        raise UsageError(f"transformer: d_model={d_model} must be divisible by heads={heads}")
+    seq = [Embed(info.num_classes, d_model), PositionalEmbed(info.input_shape[0])]
+    seq += [TransformerBlock(heads, mlp_dim) for _ in range(layers)]
+    seq += [LayerNorm(), Dense(info.num_classes, "embed", "vocab")]
+    return Sequential(tuple(seq))
+
+
+TRANSFORMER = register(
+    ModelDef(
+        name="transformer",
+        build=build,
+        data_kind="tokens",
+        options={"d_model": 128, "heads": 4, "layers": 2, "mlp_dim": 512},
+        defaults={"optimizer": "adam", "lr": 0.003, "dataset": "pytext"},
+        doc="small decoder-only Transformer LM",
+    )
+)

@@ -1,0 +1,149 @@
+"""``RunSpec``: one run's complete, validated configuration (frozen).
+
+Built from CLI flags (or a dict), validated once, here, with errors that say
+what to change. Everything downstream trusts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from refdl.core.optim import OPTIMIZERS, SCHEDULES
+from refdl.errors import UsageError
+
+# Settings that define the trajectory: resuming with a different value is an error.
+TRAJECTORY_KEYS = (
+    "model",
+    "dataset",
+    "data_dir",
+    "model_opts",
+    "data_opts",
+    "batch_size",
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "lr_schedule",
+    "warmup_steps",
+    "lr_decay_every",
+    "lr_decay_factor",
+    "loss",
+    "seed",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A training run. ``lr``/``optimizer``/``dataset`` left ``None`` take the model's defaults."""
+
+    strategy: str = "single"
+    model: str = "lenet5"
+    dataset: str | None = None
+    data_dir: str | None = None
+    model_opts: tuple[tuple[str, str], ...] = ()
+    data_opts: tuple[tuple[str, str], ...] = ()
+    steps: int = 300
+    batch_size: int = 64
+    optimizer: str | None = None
+    lr: float | None = None
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    lr_decay_every: int = 0
+    lr_decay_factor: float = 0.1
+    loss: str = "cross_entropy"
+    seed: int = 0
+    devices: int = 1
+    out: str | None = None
+    resume: str | None = None
+    eval_every: int = 100
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    progress: bool = True
+
+    def with_model_defaults(self) -> RunSpec:
+        """Fill ``dataset``, ``optimizer`` and ``lr`` from the model's recipe where unset."""
+        from refdl.models import MODELS
+
+        d = MODELS.get(self.model).defaults
+        return dataclasses.replace(
+            self,
+            dataset=self.dataset or d.get("dataset", "digits"),
+            optimizer=self.optimizer or d.get("optimizer", "sgd"),
+            lr=self.lr if self.lr is not None else d.get("lr", 0.01),
+        )
+
+    def validate(self) -> RunSpec:
+        """Check every field that can be checked without data or devices; return self."""
+        from refdl.core.losses import LOSSES
+        from refdl.data import DATASETS
+        from refdl.models import MODELS
+        from refdl.strategies import STRATEGIES
+
+        STRATEGIES.get(self.strategy)
+        MODELS.get(self.model)
+        LOSSES.get(self.loss)
+        if self.dataset is not None:
+            DATASETS.get(self.dataset)
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise UsageError(
+                f"unknown --optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}"
+            )
+        if self.lr_schedule not in SCHEDULES:
+            raise UsageError(
+                f"unknown --lr-schedule {self.lr_schedule!r}; choose one of: {', '.join(SCHEDULES)}"
+            )
+        positive = {"steps": self.steps, "batch_size": self.batch_size, "devices": self.devices}
+        for name, value in positive.items():
+            if value <= 0:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be > 0 (got {value})")
+        nonneg = {
+            "eval_every": self.eval_every,
+            "log_every": self.log_every,
+            "checkpoint_every": self.checkpoint_every,
+            "warmup_steps": self.warmup_steps,
+            "weight_decay": self.weight_decay,
+        }
+        for name, value in nonneg.items():
+            if value < 0:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} must be >= 0 (got {value})")
+        if self.keep_checkpoints < 1:
+            raise UsageError(f"--keep-checkpoints must be >= 1 (got {self.keep_checkpoints})")
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"--lr must be a finite number > 0 (got {self.lr})")
+        if not 0 <= self.momentum < 1:
+            raise UsageError(f"--momentum must be in [0, 1) (got {self.momentum})")
+        if self.lr_schedule == "step" and self.lr_decay_every <= 0:
+            raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples of pairs become lists)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        """The inverse of ``to_dict``; unknown keys are ignored (specs only grow)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        for key in ("model_opts", "data_opts"):
+            if key in kw:
+                kw[key] = tuple(tuple(p) for p in kw[key])
+        return cls(**kw)
+
+
+def parse_pairs(items: list[str] | None, flag: str) -> tuple[tuple[str, str], ...]:
+    """``["depth=20", "width=16"]`` -> ``(("depth", "20"), ("width", "16"))``."""
+    out = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} takes KEY=VALUE (got {item!r})")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
