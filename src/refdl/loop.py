@@ -96,7 +96,7 @@ def build(spec: RunSpec) -> Run:
         spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
     )
     sample = dataset.train_batch(np.arange(1))["x"]
-    _, _, axes = model.init(jax.random.key(0), jnp.asarray(sample))
+    axes = model.logical_axes(jnp.asarray(sample))
     task = Task(model, spec.loss, optimizer, sample, axes)
     available = jax.devices()
     if len(available) < spec.devices:
@@ -242,7 +242,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     losses: list[float] = []
     times: list[float] = []
     last_eval: dict[str, float] = {}
-    status, step = "completed", start
+    status = "completed"
 
     def save_checkpoint(s: TrainState) -> None:
         host = strategy.gather_state(s)
@@ -298,7 +298,6 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
                     )
             if spec.checkpoint_every and done % spec.checkpoint_every == 0:
                 save_checkpoint(state)
-        step = spec.steps
         save_checkpoint(state)
     except KeyboardInterrupt:
         status = "interrupted"
@@ -312,7 +311,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
         host = strategy.gather_state(state)
         if not last_eval or status != "completed":
             last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
-        summary = _summary(run, host, losses, times, last_eval, t_start, status, start, step)
+        summary = _summary(run, host, losses, times, last_eval, t_start, status, start)
         summary["run_dir"] = str(out)
         writer.json("summary.json", summary)
         writer.close()
@@ -344,7 +343,6 @@ def _summary(
     t_start: float,
     status: str,
     start: int,
-    step: int,
 ) -> dict[str, Any]:
     spec, info = run.spec, run.dataset.info
     median = statistics.median(times) if times else None
@@ -355,7 +353,7 @@ def _summary(
         "strategy": spec.strategy,
         "model": spec.model,
         "dataset": info.name,
-        "steps": step,
+        "steps": int(host.step),
         "global_batch": spec.batch_size,
         "devices": len(run.strategy.devices),
         "final_train_loss": float(np.mean(losses[-FINAL_LOSS_WINDOW:])) if losses else None,

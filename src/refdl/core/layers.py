@@ -28,6 +28,8 @@ Array = jax.Array
 PyTree = Any
 Axes = tuple[str | None, ...]
 
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": jax.nn.relu,
     "tanh": jnp.tanh,
@@ -343,28 +345,52 @@ class Sequential:
         return len(self.layers)
 
     def init(self, rng: Array, x: Array) -> tuple[PyTree, PyTree, PyTree]:
-        """Initialise every layer on the example input ``x``.
+        """Initialise every layer on the example input ``x`` (one compiled program).
 
         Returns ``(params, model_state, logical_axes)``: plain arrays, the
         non-parameter collections, and a tree like ``params`` whose leaves are
         tuples of logical axis names (one per array dimension).
         """
-        params, state, axes = {}, {}, {}
-        keys = jax.random.split(rng, len(self.layers))
-        for key, layer, k in zip(self.keys, self.layers, keys, strict=True):
+        # Initialisation runs once: compile it without LLVM's expensive passes, which on
+        # the CPU backend take seconds per random initializer for no run-time gain here.
+        compiled = jax.jit(self._init_boxed).lower(rng, x).compile(compiler_options=_FAST_COMPILE)
+        boxed = compiled(rng, x)
+        return self._params_state(nn.meta.unbox(boxed)) + (self._axes(boxed),)
+
+    def logical_axes(self, x: Array) -> PyTree:
+        """The logical axis names of every parameter, from shapes alone (nothing allocated)."""
+        return self._axes(jax.eval_shape(self._init_boxed, jax.random.key(0), x))
+
+    def _init_boxed(self, rng: Array, x: Array) -> dict[str, PyTree]:
+        out = {}
+        for key, layer, k in zip(
+            self.keys, self.layers, jax.random.split(rng, len(self)), strict=True
+        ):
             variables = layer.init(k, x, train=False)
-            specs = nn.get_partition_spec(variables)
-            variables = nn.meta.unbox(variables)
-            x = layer.apply(variables, x, train=False)
-            p = variables.get("params", {})
-            params[key] = p
-            axes[key] = jax.tree.map(
-                tuple, specs.get("params", {}), is_leaf=lambda s: isinstance(s, PartitionSpec)
-            )
-            rest = {c: v for c, v in variables.items() if c != "params"}
+            x = layer.apply(nn.meta.unbox(variables), x, train=False)
+            out[key] = variables
+        return out
+
+    @staticmethod
+    def _params_state(variables: dict[str, PyTree]) -> tuple[PyTree, PyTree]:
+        params = {k: dict(v).get("params", {}) for k, v in variables.items()}
+        state = {}
+        for k, v in variables.items():
+            rest = {c: x for c, x in v.items() if c != "params"}
             if rest:
-                state[key] = rest
-        return params, state, axes
+                state[k] = rest
+        return params, state
+
+    @staticmethod
+    def _axes(boxed: dict[str, PyTree]) -> PyTree:
+        return {
+            k: jax.tree.map(
+                tuple,
+                nn.get_partition_spec(dict(v)).get("params", {}),
+                is_leaf=lambda s: isinstance(s, PartitionSpec),
+            )
+            for k, v in boxed.items()
+        }
 
     def apply(
         self, params: PyTree, state: PyTree, x: Array, train: bool = False

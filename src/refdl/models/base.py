@@ -34,7 +34,7 @@ class ModelDef:
         if info.kind != self.data_kind:
             raise UsageError(
                 f"model {self.name!r} needs a {self.data_kind} data set, but "
-                f"{info.name!r} is a {info.kind} data set; pick another --dataset"
+                f"{info.name!r} holds {info.kind}; pick another --dataset"
             )
         opts = dict(self.options)
         for key, raw in (overrides or {}).items():

@@ -21,7 +21,7 @@ DEPTHS = (20, 32, 44, 56)
 
 def build(info, depth: int = 20, width: int = 16) -> Sequential:
     """Stem, 3 stages of (depth-2)/6 blocks (widths w, 2w, 4w), pool, classifier."""
-    if depth not in DEPTHS and (depth - 2) % 6:
+    if depth < 8 or (depth - 2) % 6:
         raise UsageError(f"resnet depth must be 6n+2 (e.g. {DEPTHS}); got {depth}")
     n = (depth - 2) // 6
     layers = [ConvBN(width, act="relu")]

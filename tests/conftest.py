@@ -1,0 +1,43 @@
+"""Test set-up: 8 simulated CPU devices (set before JAX is imported) and shared helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m refdl.train ARGS`` in a fresh process; returns the completed process."""
+    return subprocess.run(
+        [sys.executable, "-m", "refdl.train", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """stderr without the warnings some libraries print at import (lines starting 'W' + digits)."""
+    return [
+        ln
+        for ln in proc.stderr.splitlines()
+        if ln.strip() and not (ln[:1] == "W" and ln[1:5].isdigit())
+    ]
+
+
+@pytest.fixture
+def digits():
+    from refdl.data import load_dataset
+
+    return load_dataset("digits")
