@@ -10,12 +10,14 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run ``python -m refdl.train ARGS`` in a fresh process; returns the completed process."""
     return subprocess.run(
         [sys.executable, "-m", "refdl.train", *args],

@@ -105,7 +105,8 @@ def test_sequential_stages_compose_to_the_whole():
     assert [len(s) for s in model.split([1])] == [1, 2]
     # every parameter array carries one logical name per dimension
     for leaf_axes, leaf in zip(
-        jax.tree.leaves(axes, is_leaf=lambda a: isinstance(a, tuple)), jax.tree.leaves(params),
+        jax.tree.leaves(axes, is_leaf=lambda a: isinstance(a, tuple)),
+        jax.tree.leaves(params),
         strict=True,
     ):
         assert len(leaf_axes) == leaf.ndim

@@ -18,7 +18,11 @@ from refdl.errors import DataError, UsageError
 def test_digits_is_the_embedded_real_set(digits):
     info = digits.info
     assert (info.train_size, info.test_size, info.input_shape, info.num_classes) == (
-        1437, 360, (8, 8, 1), 10)
+        1437,
+        360,
+        (8, 8, 1),
+        10,
+    )
     assert digits.train_x.min() == 0.0 and digits.train_x.max() == 1.0
     assert set(np.unique(digits.test_y)) == set(range(10))
     # the split is fixed: the same on every load
@@ -100,8 +104,9 @@ def test_idx_malformed_files_name_the_file(tmp_path):
 def test_cifar_batches_round_trip(tmp_path):
     rng = np.random.default_rng(1)
     for name, n in (("data_batch_1", 6), ("data_batch_2", 4), ("test_batch", 3)):
-        write_cifar_batch(tmp_path / name, rng.integers(0, 256, (n, 32, 32, 3), np.uint8),
-                          rng.integers(0, 10, n))
+        write_cifar_batch(
+            tmp_path / name, rng.integers(0, 256, (n, 32, 32, 3), np.uint8), rng.integers(0, 10, n)
+        )
     imgs, labels = read_cifar_batch(tmp_path / "data_batch_1")
     assert imgs.shape == (6, 32, 32, 3) and labels.shape == (6,)
     # the on-disk layout is channel-major rows of 3072 bytes
@@ -118,8 +123,16 @@ def test_cifar_batches_round_trip(tmp_path):
 def test_ptb_reader(tmp_path):
     (tmp_path / "ptb.train.txt").write_text(" the cat sat \n the dog <unk> \n")
     (tmp_path / "ptb.test.txt").write_text(" the bird sat \n")
-    assert read_ptb(tmp_path / "ptb.train.txt") == ["the", "cat", "sat", "<eos>", "the", "dog",
-                                                    "<unk>", "<eos>"]
+    assert read_ptb(tmp_path / "ptb.train.txt") == [
+        "the",
+        "cat",
+        "sat",
+        "<eos>",
+        "the",
+        "dog",
+        "<unk>",
+        "<eos>",
+    ]
     ds = load_dataset("ptb", str(tmp_path), {"seq_len": "3"})
     vocab = ds.info.vocab
     assert vocab[0] == "<eos>" or vocab[0] == "the"  # most frequent first

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from refdl import checkpoint
 from refdl.core.state import to_host
 from refdl.errors import DivergedError, UsageError
@@ -33,9 +28,21 @@ def test_lenet5_reaches_95_percent_on_digits(lenet_run):
     out, summary = lenet_run
     assert summary["test_accuracy"] >= 0.95
     assert summary["final_train_loss"] < 0.1
-    for key in ("strategy", "model", "dataset", "steps", "global_batch", "devices",
-                "final_train_loss", "test_accuracy", "samples_per_second", "step_time_median_s",
-                "wall_time_s", "params_l2_norm", "peak_memory_bytes"):
+    for key in (
+        "strategy",
+        "model",
+        "dataset",
+        "steps",
+        "global_batch",
+        "devices",
+        "final_train_loss",
+        "test_accuracy",
+        "samples_per_second",
+        "step_time_median_s",
+        "wall_time_s",
+        "params_l2_norm",
+        "peak_memory_bytes",
+    ):
         assert summary[key] is not None, key
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["params_l2_norm"] == summary["params_l2_norm"]
@@ -43,13 +50,22 @@ def test_lenet5_reaches_95_percent_on_digits(lenet_run):
     assert [r["step"] for r in rows] == list(range(10, 301, 10))
     assert "test_accuracy" in rows[9] and "test_accuracy" not in rows[8]  # eval at step 100
     assert [p.name for p in checkpoint.all_checkpoints(out / "checkpoints")] == [
-        "step_0000100", "step_0000200", "step_0000300"]
+        "step_0000100",
+        "step_0000200",
+        "step_0000300",
+    ]
 
 
 def test_resume_from_step_100_equals_uninterrupted_300(lenet_run, tmp_path):
     out, full = lenet_run
-    spec = RunSpec(model="lenet5", dataset="digits", steps=300, out=str(tmp_path),
-                   resume=str(out / "checkpoints" / "step_0000100"), **QUIET)
+    spec = RunSpec(
+        model="lenet5",
+        dataset="digits",
+        steps=300,
+        out=str(tmp_path),
+        resume=str(out / "checkpoints" / "step_0000100"),
+        **QUIET,
+    )
     resumed = fit(spec)
     assert resumed["resumed_from_step"] == 100
     # Same compiled step, same data order, same state: the trajectory is bit-identical on CPU.
@@ -62,27 +78,49 @@ def test_mlp_reaches_95_percent_on_digits(tmp_path):
 
 
 def test_small_resnet_loss_falls(tmp_path):
-    s = fit(RunSpec(model="resnet", model_opts=(("depth", "8"), ("width", "8")), steps=40,
-                    log_every=10, eval_every=0, out=str(tmp_path), **QUIET))
+    s = fit(
+        RunSpec(
+            model="resnet",
+            model_opts=(("depth", "8"), ("width", "8")),
+            steps=40,
+            log_every=10,
+            eval_every=0,
+            out=str(tmp_path),
+            **QUIET,
+        )
+    )
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["loss_avg"] < 0.6 * rows[0]["loss_avg"]
     assert s["test_accuracy"] > 0.5
 
 
-@pytest.mark.parametrize("model,opts", [
-    ("lstm_lm", (("hidden", "64"),)),
-    ("transformer", (("d_model", "64"), ("mlp_dim", "128"))),
-])
+@pytest.mark.parametrize(
+    "model,opts",
+    [
+        ("lstm_lm", (("hidden", "64"),)),
+        ("transformer", (("d_model", "64"), ("mlp_dim", "128"))),
+    ],
+)
 def test_small_language_models_beat_unigram(tmp_path, model, opts):
-    s = fit(RunSpec(model=model, model_opts=opts, steps=150, lr=0.01, eval_every=0,
-                    out=str(tmp_path), **QUIET))
+    s = fit(
+        RunSpec(
+            model=model,
+            model_opts=opts,
+            steps=150,
+            lr=0.01,
+            eval_every=0,
+            out=str(tmp_path),
+            **QUIET,
+        )
+    )
     assert s["dataset"] == "pytext"
     assert s["test_perplexity"] < 0.6 * s["unigram_test_perplexity"]
 
 
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    spec = RunSpec(optimizer="sgd", lr=1e6, steps=50, checkpoint_every=1, out=str(tmp_path),
-                   **QUIET)
+    spec = RunSpec(
+        optimizer="sgd", lr=1e6, steps=50, checkpoint_every=1, out=str(tmp_path), **QUIET
+    )
     with pytest.raises(DivergedError, match=r"loss is (nan|inf) at step (\d+)") as err:
         fit(spec)
     bad_step = int(str(err.value).split("at step ")[1].split(":")[0])
