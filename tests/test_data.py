@@ -138,7 +138,7 @@ def test_ptb_reader(tmp_path):
     assert vocab[0] == "<eos>" or vocab[0] == "the"  # most frequent first
     unk = vocab.index("<unk>")
     assert ds.test_x[0].tolist() == [vocab.index("the"), unk, vocab.index("sat")]  # bird -> <unk>
-    with pytest.raises(DataError, match="ptb.test.txt"):
+    with pytest.raises(DataError, match=r"ptb\.test\.txt"):
         (tmp_path / "ptb.test.txt").unlink()
         load_dataset("ptb", str(tmp_path))
 
@@ -155,7 +155,7 @@ def test_zarr_store_round_trip_and_random_access(tmp_path, digits):
     np.testing.assert_array_equal(z.train_batch(share)["y"], digits.train_y[share])
     tz = np.concatenate([t["x"] for t in z.test_batches(100)])
     np.testing.assert_array_equal(tz, digits.test_x)
-    with pytest.raises(DataError, match="info.json: missing"):
+    with pytest.raises(DataError, match=r"info\.json: missing"):
         load_dataset("zarr", str(tmp_path))
 
 

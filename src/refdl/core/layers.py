@@ -353,9 +353,10 @@ class Sequential:
         """
         # Initialisation runs once: compile it without LLVM's expensive passes, which on
         # the CPU backend take seconds per random initializer for no run-time gain here.
-        compiled = jax.jit(self._init_boxed).lower(rng, x).compile(compiler_options=_FAST_COMPILE)
+        options = _FAST_COMPILE if jax.default_backend() == "cpu" else None
+        compiled = jax.jit(self._init_boxed).lower(rng, x).compile(compiler_options=options)
         boxed = compiled(rng, x)
-        return self._params_state(nn.meta.unbox(boxed)) + (self._axes(boxed),)
+        return (*self._params_state(nn.meta.unbox(boxed)), self._axes(boxed))
 
     def logical_axes(self, x: Array) -> PyTree:
         """The logical axis names of every parameter, from shapes alone (nothing allocated)."""
