@@ -255,7 +255,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             # The old state may be donated to the step: from here the new one is the state.
             state, metrics = strategy.train_step(state, batch)
-            loss = float(metrics["loss"])  # waits for the step to finish
+            loss = float(np.mean(metrics["loss"]))  # waits; per-shard losses are averaged
             dt = time.perf_counter() - t0
             if not math.isfinite(loss):
                 last = checkpoint.all_checkpoints(ckpt_dir)

@@ -68,7 +68,9 @@ class MeshSpec:
             try:
                 degrees[name] = int(value)
             except ValueError:
-                raise UsageError(f"--mesh {text!r}: {name} degree {value!r} is not an integer") from None
+                raise UsageError(
+                    f"--mesh {text!r}: {name} degree {value!r} is not an integer"
+                ) from None
             if degrees[name] == 0 or degrees[name] < -1:
                 raise UsageError(f"--mesh {text!r}: {name} degree must be >= 1 or -1")
         rest = [n for n, d in degrees.items() if d == -1]

@@ -31,6 +31,7 @@ TRAJECTORY_KEYS = (
     "lr_decay_factor",
     "loss",
     "seed",
+    "compress",
 )
 
 
@@ -57,6 +58,11 @@ class RunSpec:
     loss: str = "cross_entropy"
     seed: int = 0
     devices: int = 1
+    mesh: str | None = None
+    allreduce: str = "xla"
+    microbatches: int = 1
+    compress: str | None = None
+    preset: str | None = None
     out: str | None = None
     resume: str | None = None
     eval_every: int = 100
@@ -113,6 +119,14 @@ class RunSpec:
             if value < 0:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be >= 0 (got {value})")
+        if self.microbatches < 1:
+            raise UsageError(f"--microbatches must be >= 1 (got {self.microbatches})")
+        from refdl.comm.allreduce import ALGORITHMS
+
+        if self.allreduce not in ALGORITHMS:
+            raise UsageError(
+                f"unknown --allreduce {self.allreduce!r}; choose one of: {', '.join(ALGORITHMS)}"
+            )
         if self.keep_checkpoints < 1:
             raise UsageError(f"--keep-checkpoints must be >= 1 (got {self.keep_checkpoints})")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):

@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="devices to use; on a CPU host, the number simulated (default 1)",
     )
+    g.add_argument(
+        "--mesh",
+        help="mesh degrees, e.g. data=2,model=4 (-1 = the rest; default: all devices on data)",
+    )
+    g.add_argument("--allreduce", help="data strategy: xla (default), ring, tree, halving-doubling")
+    g.add_argument("--microbatches", type=int, help="gradient accumulation steps (default 1)")
+    g.add_argument("--compress", help="data strategy: topk:RATIO, qsgd:LEVELS, terngrad, sign")
+    g.add_argument(
+        "--preset",
+        help="hybrid: owt (convolutions data-parallel, fully connected layers model-parallel)",
+    )
     g.add_argument("--out", help="run folder (default runs/<timestamp>/)")
     g.add_argument("--resume", help="a run folder or checkpoint to continue from")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default 100; 0 = end)")

@@ -119,11 +119,11 @@ def analytic_bytes(algo: str, n_bytes: int, p: int) -> int:
 
     Ring and halving-doubling: ``2(p-1)`` x ``n/p`` per device (n padded to a
     multiple of p); tree: ``2(p-1)`` messages of ``n``. For ``xla`` we charge
-    the ring's bytes (nccl-tests' busbw convention).
+    the ring's ``2(p-1)/p·n`` per device, unpadded (nccl-tests' busbw convention).
     """
     if p == 1:
         return 0
-    if algo == "tree":
+    if algo in ("tree", "xla"):
         return 2 * (p - 1) * n_bytes
     chunk = -(-n_bytes // (4 * p)) * 4  # n padded to a multiple of p fp32 elements
     return 2 * (p - 1) * p * chunk

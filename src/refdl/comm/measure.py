@@ -63,6 +63,7 @@ def collective_bytes(hlo_text: str, devices: int) -> dict[str, int]:
     m = re.search(r"num_partitions=(\d+)", hlo_text)
     devices = int(m.group(1)) if m and int(m.group(1)) > 1 else devices
     for line in hlo_text.splitlines():
+        line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments inside tuples
         match = _LINE.search(line)
         if not match:
             continue

@@ -13,9 +13,11 @@ slicing its layer list: stage parameters are a subset of the keys.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -136,10 +138,25 @@ class Flatten(nn.Module):
         return x.reshape(x.shape[0], -1)
 
 
+_BATCH_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_axis", default=None)
+
+
+@contextlib.contextmanager
+def batch_axis(name: str | None) -> Iterator[None]:
+    """While tracing inside ``shard_map``, name the mesh axis the batch is split over, so
+    BatchNorm averages its statistics over the whole global batch (as ``single`` does)."""
+    token = _BATCH_AXIS.set(name)
+    try:
+        yield
+    finally:
+        _BATCH_AXIS.reset(token)
+
+
 class BatchNorm(nn.Module):
     """Batch normalisation over all but the last axis (statistics of the whole global batch).
 
     Running averages live in the ``batch_stats`` collection (``TrainState.model_state``).
+    Under ``batch_axis(name)`` the statistics are averaged over that mesh axis.
     """
 
     axis_name: str | None = "conv_out"
@@ -151,6 +168,7 @@ class BatchNorm(nn.Module):
         axes = (self.axis_name,)
         return nn.BatchNorm(
             use_running_average=not train,
+            axis_name=_BATCH_AXIS.get() if train else None,
             momentum=self.momentum,
             epsilon=self.epsilon,
             scale_init=nn.with_logical_partitioning(nn.initializers.ones, axes),

@@ -62,6 +62,32 @@ class Task:
         )
         return loss, grads, new_state
 
+    def accumulated_grads(
+        self, params: PyTree, model_state: PyTree, batch: Batch, microbatches: int = 1
+    ) -> tuple[jax.Array, PyTree, PyTree]:
+        """``loss_and_grads`` as the mean over ``microbatches`` equal slices of ``batch``.
+
+        The survey's microbatching (gradient accumulation): the mean of the
+        microbatch means equals the full-batch mean, so the gradient is the same
+        up to fp32 summation order. Layers with batch statistics (BatchNorm) see
+        each microbatch alone, so for them it is not the same step.
+        """
+        if microbatches == 1:
+            return self.loss_and_grads(params, model_state, batch)
+        split = jax.tree.map(
+            lambda a: a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:]), batch
+        )
+
+        def body(carry, mb):
+            loss_sum, grad_sum, state = carry
+            loss, grads, state = self.loss_and_grads(params, state, mb)
+            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), state), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        init = (jnp.zeros((), jnp.float32), zeros, model_state)
+        (loss, grads, state), _ = jax.lax.scan(body, init, split)
+        return loss / microbatches, jax.tree.map(lambda g: g / microbatches, grads), state
+
     def apply_gradients(self, state: TrainState, grads: PyTree, model_state: PyTree) -> TrainState:
         """One optimizer update with ``grads``; advances the step."""
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)

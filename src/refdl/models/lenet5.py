@@ -32,7 +32,9 @@ LENET5 = register(
         build=build,
         data_kind="image",
         options={"conv": (6, 16), "fc": (120, 84)},
-        defaults={"optimizer": "momentum", "lr": 0.05, "dataset": "digits"},
+        # lr 0.03: at 0.04-0.05 the trajectory is chaotic (fp32 summation-order differences
+        # of 1e-11 grow to 1e-3 in 300 steps), so no two strategies could agree to 1e-5.
+        defaults={"optimizer": "momentum", "lr": 0.03, "dataset": "digits"},
         doc="LeNet-5 convolutional network",
     )
 )
