@@ -380,6 +380,11 @@ class Sequential:
         """The logical axis names of every parameter, from shapes alone (nothing allocated)."""
         return self._axes(jax.eval_shape(self._init_boxed, jax.random.key(0), x))
 
+    def abstract_params(self, x: Array) -> PyTree:
+        """The parameters as ``ShapeDtypeStruct``s, from shapes alone (nothing allocated)."""
+        boxed = jax.eval_shape(self._init_boxed, jax.random.key(0), x)
+        return self._params_state(nn.meta.unbox(boxed))[0]
+
     def _init_boxed(self, rng: Array, x: Array) -> dict[str, PyTree]:
         out = {}
         for key, layer, k in zip(
