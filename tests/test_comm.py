@@ -17,8 +17,11 @@ from refdl.mesh import MeshSpec
 def _run(algo: str, p: int, n: int):
     mesh = MeshSpec(data=p, model=8 // p).make(jax.devices()[:8])
     fn = ALGORITHMS[algo]
-    f = jax.jit(jax.shard_map(lambda x: fn(x[0], "data", p)[None], mesh=mesh,
-                              in_specs=P("data"), out_specs=P("data")))
+    f = jax.jit(
+        jax.shard_map(
+            lambda x: fn(x[0], "data", p)[None], mesh=mesh, in_specs=P("data"), out_specs=P("data")
+        )
+    )
     x = jnp.asarray(np.random.default_rng(p + n).standard_normal((p, n)), jnp.float32)
     compiled = f.lower(x).compile()
     return np.asarray(compiled(x)), np.asarray(x), compiled.as_text()
@@ -47,18 +50,30 @@ def test_measured_bytes_equal_analytic(algo, p):
 def test_tree_handles_non_power_of_two_and_hd_refuses():
     mesh = MeshSpec(data=3).make(jax.devices()[:3])
     x = jnp.arange(3 * 5, dtype=jnp.float32).reshape(3, 5)
-    f = jax.jit(jax.shard_map(lambda v: ALGORITHMS["tree"](v[0], "data", 3)[None], mesh=mesh,
-                              in_specs=P("data"), out_specs=P("data")))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: ALGORITHMS["tree"](v[0], "data", 3)[None],
+            mesh=mesh,
+            in_specs=P("data"),
+            out_specs=P("data"),
+        )
+    )
     np.testing.assert_allclose(np.asarray(f(x)), np.tile(np.asarray(x).sum(0), (3, 1)))
-    g = jax.shard_map(lambda v: ALGORITHMS["halving-doubling"](v[0], "data", 3)[None],
-                      mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    g = jax.shard_map(
+        lambda v: ALGORITHMS["halving-doubling"](v[0], "data", 3)[None],
+        mesh=mesh,
+        in_specs=P("data"),
+        out_specs=P("data"),
+    )
     with pytest.raises(UsageError, match="power-of-two"):
         jax.jit(g).lower(x)
 
 
 def test_collective_bytes_parses_groups():
-    line = ("  %all-reduce = f32[100]{0} all-reduce(%x), channel_id=1, "
-            "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}, to_apply=%r")
+    line = (
+        "  %all-reduce = f32[100]{0} all-reduce(%x), channel_id=1, "
+        "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}, to_apply=%r"
+    )
     assert collective_bytes(line, 8)["all-reduce"] == 8 * 2 * 3 * 400 // 4
     line2 = "  %ag = f32[8,4]{1,0} all-gather(%y), replica_groups=[4,2]<=[8], dimensions={0}"
     assert collective_bytes(line2, 8)["all-gather"] == 8 * 1 * 128 // 2

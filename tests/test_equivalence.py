@@ -41,8 +41,14 @@ TOKEN_DATA = (("seq_len", "8"),)
 
 def _spec(model: str, **kw) -> RunSpec:
     data_opts = TOKEN_DATA if model in ("transformer", "lstm_lm") else ()
-    return RunSpec(model=model, model_opts=SMALL[model], data_opts=data_opts, batch_size=32,
-                   progress=False, **kw)
+    return RunSpec(
+        model=model,
+        model_opts=SMALL[model],
+        data_opts=data_opts,
+        batch_size=32,
+        progress=False,
+        **kw,
+    )
 
 
 @functools.cache
@@ -65,7 +71,8 @@ def assert_equivalent(model: str, **kw):
     diff = np.abs(losses - ref_losses)
     assert np.allclose(losses, ref_losses, rtol=RTOL, atol=ATOL), (
         f"per-step loss differs: max {diff.max():.3g}, mean {diff.mean():.3g}\n"
-        f"  ref {ref_losses}\n  got {losses}")
+        f"  ref {ref_losses}\n  got {losses}"
+    )
     flat_ref = jax.tree_util.tree_flatten_with_path(ref)[0]
     flat = jax.tree.leaves(params)
     for (path, a), b in zip(flat_ref, flat, strict=True):
@@ -73,12 +80,15 @@ def assert_equivalent(model: str, **kw):
         d = np.abs(a - b)
         assert np.allclose(b, a, rtol=RTOL, atol=atol), (
             f"{jax.tree_util.keystr(path)}: max diff {d.max():.3g}, mean {d.mean():.3g}, "
-            f"norms {np.linalg.norm(a):.6g} vs {np.linalg.norm(b):.6g}")
+            f"norms {np.linalg.norm(a):.6g} vs {np.linalg.norm(b):.6g}"
+        )
 
 
 CASES = [
-    *[("data", {"devices": 8, "allreduce": a}) for a in ("xla", "ring", "tree",
-                                                         "halving-doubling")],
+    *[
+        ("data", {"devices": 8, "allreduce": a})
+        for a in ("xla", "ring", "tree", "halving-doubling")
+    ],
     ("data", {"devices": 4, "allreduce": "ring", "microbatches": 2}),
     ("data", {"devices": 2, "allreduce": "xla", "microbatches": 4}),
     ("data", {"devices": 1, "microbatches": 4}),
@@ -95,11 +105,16 @@ def _id(case):
     return strategy + "-" + "-".join(f"{k}={v}" for k, v in kw.items())
 
 
-DEFAULT_FOR_LARGE = {"data-devices=8-allreduce=ring", "model-devices=4",
-                     "hybrid-devices=8-mesh=data=2,model=4"}
+DEFAULT_FOR_LARGE = {
+    "data-devices=8-allreduce=ring",
+    "model-devices=4",
+    "hybrid-devices=8-mesh=data=2,model=4",
+}
 PARAMS = [
     pytest.param(
-        model, case, id=f"{model}-{_id(case)}",
+        model,
+        case,
+        id=f"{model}-{_id(case)}",
         marks=() if model in FAST_MODELS or _id(case) in DEFAULT_FOR_LARGE else pytest.mark.slow,
     )
     for model in sorted(SMALL)

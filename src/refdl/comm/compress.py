@@ -1,0 +1,159 @@
+"""Gradient compression with error feedback, for the ``data`` strategy (inside ``shard_map``).
+
+Each worker encodes its gradient into a small payload; the payloads are
+all-gathered and decoded, and the update is their mean. The biased codecs
+(top-k, sign) use error feedback: the worker adds its residual ``e`` to the
+gradient (``v = g + e``) and keeps ``e <- v - decode(payload)``, so what was not
+sent is sent later (Seide et al. 2014; Karimireddy et al. 2019). The unbiased
+ones (QSGD, TernGrad) are used as their papers do, without a residual. The
+payload is what crosses the wire, so the bytes the program measures
+are the compressed bytes: ``p(p-1)·B`` for payloads of B bytes (all-gather).
+
+- ``topk:RATIO``: the ``ceil(RATIO·n)`` largest-magnitude entries, as fp32
+  values + int32 indices (8 bytes per kept entry).
+- ``qsgd:LEVELS``: Alistarh et al. 2017; ``|v_i|/||v_bucket||_2`` stochastically
+  rounded to one of ``LEVELS`` levels, sent as int8 with the sign, + one fp32
+  norm per bucket of 512 values.
+- ``terngrad``: Wen et al. 2017; ``sign(v_i)·b_i·max|v|`` with ``b_i`` Bernoulli
+  ``(|v_i|/max|v|)``, sent as int8 (2 bits would do; we send a byte) + the scale.
+- ``sign``: 1-bit sign packed 8 per byte, scaled by ``mean |v|`` of each bucket of
+  512 values (EF-signSGD, Karimireddy et al. 2019, with per-bucket scales: one
+  global scale lost 10 points of accuracy on digits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from refdl.errors import UsageError
+
+Array = jax.Array
+BUCKET = 512  # values per scale for qsgd and sign (QSGD's bucket size in Alistarh et al.)
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """One compression scheme; ``kind`` is topk, qsgd, terngrad or sign."""
+
+    kind: str
+    ratio: float = 0.01
+    levels: int = 16
+
+    @property
+    def error_feedback(self) -> bool:
+        """Biased codecs (topk, sign) keep a residual; unbiased ones (qsgd, terngrad) do not:
+        feeding back their zero-mean noise makes it compound (qsgd:4 diverged with it)."""
+        return self.kind in ("topk", "sign")
+
+    def payload_bytes(self, n: int) -> int:
+        """Bytes one worker sends (its payload) for a gradient of ``n`` fp32 values."""
+        if self.kind == "topk":
+            return 8 * self._k(n)
+        if self.kind == "qsgd":
+            return n + 4 * -(-n // BUCKET)
+        if self.kind == "terngrad":
+            return n + 4
+        return (n + 7) // 8 + 4 * -(-n // BUCKET)  # sign
+
+    def analytic_bytes(self, n: int, p: int) -> int:
+        """Bytes all workers send per step: an all-gather of ``p`` payloads."""
+        return p * (p - 1) * self.payload_bytes(n) if p > 1 else 0
+
+    def _k(self, n: int) -> int:
+        return max(1, min(n, math.ceil(self.ratio * n)))
+
+    def init_extras(self, params: Any, p: int) -> dict[str, np.ndarray]:
+        """A zero residual per worker: ``[p, n]`` (the host view of a sharded array)."""
+        n = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
+        return {"residual": np.zeros((p, n), np.float32)}
+
+    def encode(self, v: Array, key: Array) -> tuple[Array, ...]:
+        n = v.shape[0]
+        if self.kind == "topk":
+            _, idx = jax.lax.top_k(jnp.abs(v), self._k(n))
+            return v[idx], idx.astype(jnp.int32)
+        if self.kind == "sign":
+            return jnp.packbits(v >= 0), jnp.mean(jnp.abs(self._bucketed(v)), axis=1)
+        if self.kind == "terngrad":
+            scale = jnp.max(jnp.abs(v))
+            prob = jnp.abs(v) / jnp.where(scale > 0, scale, 1.0)
+            keep = jax.random.uniform(key, v.shape) < prob
+            return (jnp.sign(v) * keep).astype(jnp.int8), scale[None]
+        buckets = self._bucketed(v)  # qsgd: one norm per bucket of BUCKET values
+        norm = jnp.linalg.norm(buckets, axis=1, keepdims=True)
+        scaled = jnp.abs(buckets) / jnp.where(norm > 0, norm, 1.0) * self.levels
+        level = jnp.floor(scaled + jax.random.uniform(key, buckets.shape))
+        q = (jnp.sign(buckets) * level).astype(jnp.int8).reshape(-1)[:n]
+        return q, norm[:, 0]
+
+    @staticmethod
+    def _bucketed(v: Array) -> Array:
+        pad = (-v.shape[0]) % BUCKET
+        return jnp.pad(v, (0, pad)).reshape(-1, BUCKET)
+
+    def decode(self, payload: tuple[Array, ...], n: int) -> Array:
+        if self.kind == "topk":
+            values, idx = payload
+            return jnp.zeros((n,), jnp.float32).at[idx].add(values)
+        if self.kind == "sign":
+            bits, scale = payload
+            signs = jnp.unpackbits(bits)[:n].astype(jnp.float32) * 2.0 - 1.0
+            return signs * jnp.repeat(scale, BUCKET)[:n]
+        q, scale = payload
+        if self.kind == "terngrad":
+            return q.astype(jnp.float32) * scale[0]
+        pad = (-n) % BUCKET
+        levels = jnp.pad(q.astype(jnp.float32), (0, pad)).reshape(-1, BUCKET)
+        return (levels * scale[:, None] / self.levels).reshape(-1)[:n]
+
+    def exchange(self, grads: Any, state: Any, axis: str, p: int) -> tuple[Any, Any, dict]:
+        """Compress, all-gather, decode and average ``grads`` over ``axis`` (inside shard_map).
+
+        Returns the mean decoded gradient, the state with the new residual, and
+        ``compression_error`` = ``||v - decode(encode(v))|| / ||v||`` of this worker.
+        """
+        flat, unravel = ravel_pytree(grads)
+        n = flat.shape[0]
+        v = flat + state.extras["residual"][0] if self.error_feedback else flat
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        key = jax.random.fold_in(key, jax.lax.axis_index(axis))
+        payload = self.encode(v, key)
+        mine = self.decode(payload, n)
+        residual = v - mine
+        kept = residual if self.error_feedback else jnp.zeros_like(residual)
+        everyone = [jax.lax.all_gather(part, axis) for part in payload]
+        total = sum(self.decode(tuple(part[i] for part in everyone), n) for i in range(p))
+        error = jnp.linalg.norm(residual) / jnp.maximum(jnp.linalg.norm(v), 1e-30)
+        state = state.replace(extras={**state.extras, "residual": kept[None]})
+        return unravel(total / p), state, {"compression_error": error}
+
+
+def make_codec(text: str) -> Codec:
+    """Parse ``--compress``: ``topk:RATIO``, ``qsgd:LEVELS``, ``terngrad`` or ``sign``."""
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "topk":
+            ratio = float(arg)
+            if not 0 < ratio <= 1:
+                raise ValueError
+            return Codec("topk", ratio=ratio)
+        if kind == "qsgd":
+            levels = int(arg)
+            if not 1 <= levels <= 127:
+                raise ValueError
+            return Codec("qsgd", levels=levels)
+        if kind in ("terngrad", "sign") and not arg:
+            return Codec(kind)
+    except ValueError:
+        pass
+    raise UsageError(
+        f"--compress {text!r}: use topk:RATIO (0 < RATIO <= 1), qsgd:LEVELS (1..127), "
+        "terngrad or sign"
+    )
