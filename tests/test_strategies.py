@@ -79,7 +79,7 @@ def test_compressed_runs_reach_the_accuracy_band(tmp_path, uncompressed, codec):
             "does not split into data=4 shards x 3 microbatches; use a multiple of 12",
         ),
         (
-            {"strategy": "data", "devices": 6, "allreduce": "halving-doubling"},
+            {"strategy": "data", "devices": 6, "batch_size": 48, "allreduce": "halving-doubling"},
             "needs a power-of-two data degree, not 6",
         ),
         ({"strategy": "data", "devices": 8, "mesh": "data=2,model=4"}, "use --strategy hybrid"),
