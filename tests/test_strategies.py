@@ -122,3 +122,19 @@ def test_cli_mesh_errors_are_one_line(tmp_path):
     lines = stderr_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1
     assert "multiplies to 12 devices but --devices is 8" in lines[0]
+
+
+def test_300_steps_on_digits_data_and_hybrid_match_single(tmp_path):
+    """The acceptance run: same test accuracy, params_l2_norm within 1e-5 relative."""
+    base = {"steps": 300, "progress": False, "eval_every": 0, "checkpoint_every": 0}
+    single = fit(RunSpec(out=str(tmp_path / "s"), **base))
+    data = fit(RunSpec(strategy="data", devices=8, out=str(tmp_path / "d"), **base))
+    hybrid = fit(
+        RunSpec(
+            strategy="hybrid", devices=8, mesh="data=2,model=4", out=str(tmp_path / "h"), **base
+        )
+    )
+    for other in (data, hybrid):
+        assert other["test_accuracy"] == single["test_accuracy"] >= 0.95
+        rel = abs(other["params_l2_norm"] - single["params_l2_norm"]) / single["params_l2_norm"]
+        assert rel < 1e-5, (other["strategy"], rel)

@@ -8,6 +8,7 @@ import jax
 
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
+from refdl.mesh import MeshSpec
 from refdl.perf import CostBreakdown, Hardware, roofline_time, xla_cost
 from refdl.strategies.base import Batch, Strategy, register
 
@@ -22,15 +23,32 @@ class Single(Strategy):
                 f"--strategy single runs on one device, not {len(devices)}; "
                 "drop --devices or pick a parallel strategy"
             )
+        if spec.allreduce != "xla" or spec.compress:
+            raise UsageError("--allreduce and --compress are for --strategy data only")
+        if spec.mesh:
+            raise UsageError("--strategy single takes no --mesh; use data, model or hybrid")
+        MeshSpec().check_batch(spec.batch_size, spec.microbatches)
         super().__init__(task, spec, devices)
         self.device = devices[0]
-        self._step = jax.jit(task.step, donate_argnums=0)
+        self._step = jax.jit(self._global_step, donate_argnums=0)
+
+    def _global_step(self, state: TrainState, batch: Batch):
+        """``Task.step``, with gradient accumulation when ``--microbatches`` > 1."""
+        if self.spec.microbatches == 1:
+            return self.task.step(state, batch)
+        loss, grads, model_state = self.task.accumulated_grads(
+            state.params, state.model_state, batch, self.spec.microbatches
+        )
+        return self.task.apply_gradients(state, grads, model_state), {"loss": loss}
 
     def place_state(self, host_state: TrainState) -> TrainState:
         return jax.device_put(host_state, self.device)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         return self._step(state, jax.device_put(batch, self.device))
+
+    def summary(self) -> dict[str, Any]:
+        return {"mesh": MeshSpec().as_dict(), "comm_bytes_per_step": 0}
 
     def cost(self, hw: Hardware, batch: Batch) -> CostBreakdown:
         """Roofline time of XLA's cost analysis of the compiled step."""
