@@ -11,8 +11,8 @@ missing shard is >1e-2). Adam (the language models' optimizer) divides by the
 gradient's running RMS, so an element whose gradient is ~0 moves by ~lr times the
 sign of fp32 noise; for Adam runs the parameter atol is 1e-5 (lr is 3e-3).
 
-The default run covers every case for ``mlp`` and ``lenet5`` and three cases for the
-larger models; the rest are marked ``slow`` (``pytest -m slow``).
+The default run covers every case for ``mlp``, most for ``lenet5`` and three for each
+larger model; the rest are marked ``slow`` (``pytest -m slow``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from refdl.spec import RunSpec
 
 STEPS = 5
 RTOL, ATOL, ATOL_ADAM = 1e-5, 1e-6, 1e-5
-FAST_MODELS = ("mlp", "lenet5")
 SMALL = {
     "mlp": (("hidden", "32,32"),),
     "lenet5": (),
@@ -110,12 +109,28 @@ DEFAULT_FOR_LARGE = {
     "model-devices=4",
     "hybrid-devices=8-mesh=data=2,model=4",
 }
+SLOW_FOR_LENET = {
+    "data-devices=1-microbatches=4",
+    "data-devices=2-allreduce=xla-microbatches=4",
+    "model-devices=2",
+    "hybrid-devices=8-mesh=data=4,model=2",
+}
+
+
+def _default(model: str, case_id: str) -> bool:
+    if model == "mlp":
+        return True
+    if model == "lenet5":
+        return case_id not in SLOW_FOR_LENET
+    return case_id in DEFAULT_FOR_LARGE
+
+
 PARAMS = [
     pytest.param(
         model,
         case,
         id=f"{model}-{_id(case)}",
-        marks=() if model in FAST_MODELS or _id(case) in DEFAULT_FOR_LARGE else pytest.mark.slow,
+        marks=() if _default(model, _id(case)) else pytest.mark.slow,
     )
     for model in sorted(SMALL)
     for case in CASES

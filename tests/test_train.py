@@ -119,7 +119,13 @@ def test_small_language_models_beat_unigram(tmp_path, model, opts):
 
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     spec = RunSpec(
-        optimizer="sgd", lr=1e6, steps=50, checkpoint_every=1, out=str(tmp_path), **QUIET
+        model="mlp",
+        optimizer="sgd",
+        lr=1e6,
+        steps=50,
+        checkpoint_every=1,
+        out=str(tmp_path),
+        **QUIET,
     )
     with pytest.raises(DivergedError, match=r"loss is (nan|inf) at step (\d+)") as err:
         fit(spec)
