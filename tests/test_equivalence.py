@@ -148,3 +148,44 @@ def test_strategy_equals_single(model, case):
 @pytest.mark.parametrize("model", ["lenet5", "mlp"])
 def test_owt_preset_equals_single(model):
     assert_equivalent(model, strategy="hybrid", devices=8, mesh="data=2,model=4", preset="owt")
+
+
+PIPELINE_DEFAULT = {("1f1b", 4, 8), ("gpipe", 2, 4), ("interleaved", 2, 4), ("1f1b", 2, 1)}
+PIPELINE_PARAMS = [
+    pytest.param(
+        sched,
+        p,
+        m,
+        id=f"{sched}-P{p}-M{m}",
+        marks=() if (sched, p, m) in PIPELINE_DEFAULT else pytest.mark.slow,
+    )
+    for sched in ("gpipe", "1f1b", "interleaved")
+    for p in (2, 4)
+    for m in (1, 2, 4, 8)
+    if sched != "interleaved" or m % p == 0
+]
+
+
+@pytest.mark.parametrize("schedule,stages,microbatches", PIPELINE_PARAMS)
+def test_pipeline_equals_single(schedule, stages, microbatches):
+    chunks = 2 if schedule == "interleaved" else 1
+    assert_equivalent(
+        "lenet5",
+        strategy="pipeline",
+        devices=stages,
+        schedule=schedule,
+        microbatches=microbatches,
+        chunks=chunks,
+    )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "mlp",
+        pytest.param("transformer", marks=pytest.mark.slow),
+        pytest.param("lstm_lm", marks=pytest.mark.slow),
+    ],
+)
+def test_pipeline_other_models(model):
+    assert_equivalent(model, strategy="pipeline", devices=2, microbatches=2)

@@ -63,6 +63,10 @@ class RunSpec:
     microbatches: int = 1
     compress: str | None = None
     preset: str | None = None
+    stages: int | None = None
+    schedule: str = "1f1b"
+    chunks: int = 1
+    plot_schedule: str | None = None
     out: str | None = None
     resume: str | None = None
     eval_every: int = 100
@@ -119,6 +123,17 @@ class RunSpec:
             if value < 0:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be >= 0 (got {value})")
+        if self.stages is not None and self.stages < 1:
+            raise UsageError(f"--stages must be >= 1 (got {self.stages})")
+        if self.chunks < 1:
+            raise UsageError(f"--chunks must be >= 1 (got {self.chunks})")
+        from refdl.pipeline.schedule import SCHEDULES as PIPELINE_SCHEDULES
+
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise UsageError(
+                f"unknown --schedule {self.schedule!r}; "
+                f"choose one of: {', '.join(PIPELINE_SCHEDULES)}"
+            )
         if self.microbatches < 1:
             raise UsageError(f"--microbatches must be >= 1 (got {self.microbatches})")
         from refdl.comm.allreduce import ALGORITHMS

@@ -90,6 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         help="hybrid: owt (convolutions data-parallel, fully connected layers model-parallel)",
     )
+    g.add_argument(
+        "--stages", type=int, help="pipeline: stages, one per device (default --devices)"
+    )
+    g.add_argument("--schedule", help="pipeline: gpipe, 1f1b (default) or interleaved")
+    g.add_argument(
+        "--chunks", type=int, help="pipeline: model chunks per device for interleaved (default 1)"
+    )
+    g.add_argument(
+        "--plot-schedule",
+        metavar="FILE.png",
+        help="pipeline: draw the last executed step's timeline as a Gantt chart",
+    )
     g.add_argument("--out", help="run folder (default runs/<timestamp>/)")
     g.add_argument("--resume", help="a run folder or checkpoint to continue from")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default 100; 0 = end)")
