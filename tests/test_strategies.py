@@ -163,3 +163,62 @@ def test_300_steps_on_digits_data_and_hybrid_match_single(tmp_path):
         assert other["test_accuracy"] == single["test_accuracy"] >= 0.95
         rel = abs(other["params_l2_norm"] - single["params_l2_norm"]) / single["params_l2_norm"]
         assert rel < 1e-5, (other["strategy"], rel)
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (
+            {"strategy": "pipeline", "devices": 8, "model": "mlp"},
+            "8 stages x 1 chunks = 8 need at least as many layers; mlp has 4",
+        ),
+        (
+            {"strategy": "pipeline", "devices": 2, "microbatches": 3},
+            "does not split into data=1 shards x 3 microbatches",
+        ),
+        ({"strategy": "pipeline", "devices": 2, "schedule": "zb-h1"}, "unknown --schedule 'zb-h1'"),
+        (
+            {
+                "strategy": "pipeline",
+                "devices": 2,
+                "schedule": "interleaved",
+                "chunks": 3,
+                "microbatches": 2,
+            },
+            "needs the 8 layers of lenet5 to divide into 2 x 3 = 6 equal chunks",
+        ),
+        ({"strategy": "pipeline", "devices": 2, "stages": 4}, "--stages 4 needs --devices 4"),
+        ({"strategy": "data", "devices": 2, "plot_schedule": "x.png"}, "use --strategy pipeline"),
+    ],
+)
+def test_bad_pipeline_settings(kw, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build(RunSpec(**kw))
+
+
+def test_pipeline_cli_reports_bubbles_and_draws_the_schedule(tmp_path):
+    proc = run_cli(
+        "--strategy",
+        "pipeline",
+        "--devices",
+        "4",
+        "--microbatches",
+        "8",
+        "--schedule",
+        "gpipe",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--plot-schedule",
+        str(tmp_path / "gantt.png"),
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["bubble_fraction_analytic"] == pytest.approx(3 / 11)
+    assert 0 < s["bubble_fraction_measured"] < 1
+    assert s["peak_stash_per_stage"] == [8, 8, 8, 8]
+    assert (tmp_path / "gantt.png").stat().st_size > 10_000

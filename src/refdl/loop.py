@@ -313,6 +313,13 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
             last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
         summary = _summary(run, host, losses, times, last_eval, t_start, status, start)
         summary["run_dir"] = str(out)
+        if spec.plot_schedule and strategy.primary and strategy.timeline():
+            from refdl.bench.plots import gantt
+
+            title = f"{spec.schedule}, {summary.get('stages')} stages, {spec.microbatches} mb"
+            summary["schedule_plot"] = str(
+                gantt(strategy.timeline(), len(strategy.devices), spec.plot_schedule, title)
+            )
         writer.json("summary.json", summary)
         writer.close()
     if status == "interrupted":

@@ -70,6 +70,10 @@ class Strategy(abc.ABC):
         """The analytic cost of one step of ``batch`` on ``hw``."""
         raise NotImplementedError(f"strategy {self.name!r} has no cost model yet")
 
+    def timeline(self) -> list[tuple[int, str, float, float]] | None:
+        """The last step's executed schedule ``(stage, op, start, end)``, where recorded."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Strategy-specific keys for ``summary.json`` (e.g. ``comm_bytes_per_step``)."""
         return {}

@@ -108,6 +108,7 @@ class Pipeline(Strategy):
         self.timelines: list[list[tuple[int, str, float, float]]] = []
         self.measured: list[float] = []
         self.p2p_bytes = 0
+        self.peak_activation_bytes = [0] * p
         self._jit()
 
     def device(self, k: int) -> jax.Device:
@@ -203,6 +204,7 @@ class Pipeline(Strategy):
         losses = []
         timeline: list[tuple[int, str, float, float]] = []
         p2p = 0
+        live, peak = [0] * self.p, [0] * self.p  # stashed activation bytes per device
         t0 = time.perf_counter()
         for row in self.schedule.table:
             start = time.perf_counter() - t0
@@ -220,6 +222,8 @@ class Pipeline(Strategy):
                         x = jax.device_put(out.pop((op.mb, k - 1)), dev)
                         p2p += x.nbytes
                     stash[(op.mb, k)] = x
+                    live[s] += x.nbytes
+                    peak[s] = max(peak[s], live[s])
                     if k == self.k_last:
                         loss, new_model_state[k] = fwd(
                             st.params, new_model_state[k], x, jax.device_put(ys[op.mb], dev)
@@ -231,6 +235,7 @@ class Pipeline(Strategy):
                         out[(op.mb, k)] = result
                 else:
                     x = stash.pop((op.mb, k))
+                    live[s] -= x.nbytes
                     if k == self.k_last:
                         g_params, g_x = bwd(
                             st.params, st.model_state, x, jax.device_put(ys[op.mb], dev)
@@ -257,8 +262,12 @@ class Pipeline(Strategy):
         self.timelines.append(timeline)
         self.measured.append(measured)
         self.p2p_bytes = p2p
+        self.peak_activation_bytes = peak
         loss = float(np.mean([float(x) for x in losses]))
         return state, {"loss": loss, "bubble_fraction_measured": measured, "comm_bytes": p2p}
+
+    def timeline(self) -> list[tuple[int, str, float, float]] | None:
+        return self.timelines[-1] if self.timelines else None
 
     def summary(self) -> dict[str, Any]:
         steady = self.measured[1:] or self.measured  # the first step includes compilation
@@ -272,6 +281,7 @@ class Pipeline(Strategy):
             "bubble_fraction_analytic": self.schedule.bubble_fraction,
             "bubble_fraction_measured": statistics.median(steady) if steady else None,
             "peak_stash_per_stage": [self.schedule.peak_stash(s) for s in range(self.p)],
+            "peak_activation_bytes_per_stage": self.peak_activation_bytes,
             "p2p_messages_per_step": self.schedule.p2p_messages(),
             "comm_bytes_per_step": self.p2p_bytes,
         }
