@@ -96,6 +96,8 @@ CASES = [
     ("hybrid", {"devices": 8, "mesh": "data=2,model=4"}),
     ("hybrid", {"devices": 8, "mesh": "data=4,model=2"}),
     ("hybrid", {"devices": 4, "mesh": "data=2,model=2", "microbatches": 2}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "microbatches": 2}),
+    ("hybrid", {"devices": 4, "mesh": "model=2,pipe=2", "schedule": "gpipe"}),
 ]
 
 

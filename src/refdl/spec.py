@@ -134,8 +134,11 @@ class RunSpec:
                 f"unknown --schedule {self.schedule!r}; "
                 f"choose one of: {', '.join(PIPELINE_SCHEDULES)}"
             )
-        if self.plot_schedule and self.strategy != "pipeline":
-            raise UsageError("--plot-schedule draws a pipeline schedule: use --strategy pipeline")
+        if self.plot_schedule and self.strategy not in ("pipeline", "hybrid"):
+            raise UsageError(
+                "--plot-schedule draws a pipeline schedule: use --strategy pipeline (or hybrid "
+                "with pipe > 1)"
+            )
         if self.microbatches < 1:
             raise UsageError(f"--microbatches must be >= 1 (got {self.microbatches})")
         from refdl.comm.allreduce import ALGORITHMS

@@ -90,11 +90,16 @@ class Hybrid(Strategy):
         self._check_divisible(shapes, task.logical_axes)
         self._step = None
         self.measured: dict[str, int] = {}
+        self.pipeline = None
+        if self.mesh_spec.pipe > 1:  # stages over `pipe`, each on its data x model sub-mesh
+            from refdl.strategies.pipeline import Pipeline
+
+            self.pipeline = Pipeline(task, spec, devices, self.mesh_spec, self.rules)
 
     def _check_options(self) -> None:
         spec = self.spec
-        if self.mesh_spec.pipe != 1:
-            raise UsageError("pipe > 1 needs pipeline stages, which are not implemented yet")
+        if self.mesh_spec.pipe != 1 and spec.preset:
+            raise UsageError(f"--preset {spec.preset} does not combine with pipe > 1")
         if spec.allreduce != "xla":
             raise UsageError(f"--allreduce {spec.allreduce} is for --strategy data only")
         if spec.compress:
@@ -147,6 +152,8 @@ class Hybrid(Strategy):
         return self.task.apply_gradients(state, grads, model_state), {"loss": loss}
 
     def place_state(self, host_state: TrainState) -> TrainState:
+        if self.pipeline is not None:
+            return self.pipeline.place_state(host_state)
         shardings = self.state_shardings(host_state)
         if self._step is None:
             self._step = jax.jit(
@@ -158,6 +165,8 @@ class Hybrid(Strategy):
         return jax.device_put(host_state, shardings)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
+        if self.pipeline is not None:
+            return self.pipeline.train_step(state, batch)
         batch = jax.device_put(batch, self.batch_sharding)
         if not self.measured:
             compiled = self._step.lower(state, batch).compile()
@@ -167,7 +176,17 @@ class Hybrid(Strategy):
         jax.block_until_ready(state)  # see DataParallel.train_step: no queued collectives
         return state, {**metrics, "comm_bytes": self.measured.get("total", 0)}
 
+    def gather_state(self, state: Any) -> TrainState:
+        if self.pipeline is not None:
+            return self.pipeline.gather_state(state)
+        return super().gather_state(state)
+
+    def timeline(self) -> list[tuple[int, str, float, float]] | None:
+        return self.pipeline.timeline() if self.pipeline is not None else None
+
     def summary(self) -> dict[str, Any]:
+        if self.pipeline is not None:
+            return {**self.pipeline.summary(), "preset": "tensor"}
         return {
             "mesh": self.mesh_spec.as_dict(),
             "preset": self.spec.preset or "tensor",

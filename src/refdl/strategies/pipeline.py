@@ -29,6 +29,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from refdl.core.layers import param_count
 from refdl.core.losses import LOSSES
@@ -37,6 +40,7 @@ from refdl.errors import UsageError
 from refdl.mesh import MeshSpec
 from refdl.pipeline.schedule import build as build_schedule
 from refdl.strategies.base import Batch, Strategy, register
+from refdl.strategies.hybrid import partition_spec
 
 
 def balance(costs: list[int], parts: int) -> list[int]:
@@ -69,21 +73,35 @@ def balance(costs: list[int], parts: int) -> list[int]:
 class Pipeline(Strategy):
     """GPipe, 1F1B or interleaved 1F1B over ``--stages`` devices, executed from the table."""
 
-    def __init__(self, task, spec, devices) -> None:
+    def __init__(
+        self, task, spec, devices, mesh_spec: MeshSpec | None = None, rules: dict | None = None
+    ) -> None:
+        """Plain pipeline: one device per stage. ``hybrid`` passes its ``mesh_spec`` (with
+        ``pipe`` > 1) and its tensor-parallel ``rules``: each stage then owns the
+        ``data x model`` sub-mesh at its ``pipe`` index."""
         super().__init__(task, spec, devices)
-        p = spec.stages or len(devices)
-        if p != len(devices):
-            raise UsageError(
-                f"--strategy pipeline runs one stage per device: --stages {p} needs --devices {p}"
-            )
-        if spec.mesh or spec.allreduce != "xla" or spec.compress:
-            raise UsageError(
-                "--mesh, --allreduce and --compress do not apply to --strategy "
-                "pipeline; use --stages, --microbatches and --schedule"
-            )
+        if mesh_spec is None:
+            p = spec.stages or len(devices)
+            if p != len(devices):
+                raise UsageError(
+                    f"--strategy pipeline runs one stage per device: --stages {p} needs "
+                    f"--devices {p}"
+                )
+            if spec.mesh or spec.allreduce != "xla" or spec.compress:
+                raise UsageError(
+                    "--mesh, --allreduce and --compress do not apply to --strategy "
+                    "pipeline; use --stages, --microbatches and --schedule"
+                )
+            mesh_spec = MeshSpec(pipe=p)
+        p = mesh_spec.pipe
+        if spec.stages not in (None, p):
+            raise UsageError(f"--stages {spec.stages} disagrees with --mesh pipe={p}")
+        self.mesh_spec, self.rules = mesh_spec, rules or {}
+        MeshSpec(data=mesh_spec.data).check_batch(spec.batch_size, spec.microbatches)
+        mesh = mesh_spec.make(devices)
+        self.submeshes = [Mesh(mesh.devices[:, :, s], ("data", "model")) for s in range(p)]
         v, m = spec.chunks, spec.microbatches
         self.schedule = build_schedule(spec.schedule, p, m, v)
-        MeshSpec().check_batch(spec.batch_size, m)
         n_layers = len(task.model)
         if p * v > n_layers:
             raise UsageError(
@@ -111,8 +129,32 @@ class Pipeline(Strategy):
         self.peak_activation_bytes = [0] * p
         self._jit()
 
-    def device(self, k: int) -> jax.Device:
-        return self.devices[k % self.p]
+    def act_sharding(self, k: int) -> NamedSharding:
+        """Where virtual stage ``k``'s inputs live: its sub-mesh, batch split on ``data``."""
+        return NamedSharding(self.submeshes[k % self.p], P("data"))
+
+    def state_sharding(self, k: int, st: TrainState) -> TrainState:
+        """Virtual stage ``k``'s state on its sub-mesh: parameters (and their optimizer
+        moments) split by the tensor-parallel rules, everything else replicated."""
+        mesh = self.submeshes[k % self.p]
+        rep = NamedSharding(mesh, P())
+        params = {
+            key: jax.tree.map(
+                lambda a: NamedSharding(mesh, partition_spec(a, self.rules)),
+                self.task.logical_axes[key],
+                is_leaf=lambda a: isinstance(a, tuple),
+            )
+            for key in st.params
+        }
+        opt = optax.tree_map_params(
+            self.task.optimizer,
+            lambda _, sh: sh,
+            st.opt_state,
+            params,
+            transform_non_params=lambda _: rep,
+        )
+        every = lambda tree: jax.tree.map(lambda _: rep, tree)  # noqa: E731
+        return TrainState(rep, params, every(st.model_state), opt, rep, every(st.extras))
 
     def _jit(self) -> None:
         loss_fn = LOSSES.get(self.task.loss)
@@ -167,7 +209,7 @@ class Pipeline(Strategy):
                 opt_state=opt,
                 rng=host_state.rng,
             )
-            states.append(jax.device_put(st, self.device(k)))
+            states.append(jax.device_put(st, self.state_sharding(k, st)))
         return states  # type: ignore[return-value]
 
     def gather_state(self, state: Any) -> TrainState:
@@ -213,7 +255,7 @@ class Pipeline(Strategy):
                 if op is None:
                     continue
                 k = op.chunk * self.p + s
-                st, dev = state[k], self.device(k)
+                st, dev = state[k], self.act_sharding(k)
                 fwd, bwd = self._fns[k]
                 if op.kind == "F":
                     if k == 0:
@@ -272,7 +314,7 @@ class Pipeline(Strategy):
     def summary(self) -> dict[str, Any]:
         steady = self.measured[1:] or self.measured  # the first step includes compilation
         return {
-            "mesh": MeshSpec(pipe=self.p).as_dict(),
+            "mesh": self.mesh_spec.as_dict(),
             "schedule": self.spec.schedule,
             "stages": self.p,
             "chunks": self.v,
