@@ -25,6 +25,8 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
+# |measured - analytic| bubble allowed on simulated CPU devices (README explains the gap).
+TOLERANCE = 0.12
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "median_abs_error": statistics.median(errors),
         "max_abs_error": max(errors),
+        "tolerance_abs": TOLERANCE,
+        "within_tolerance": all(e <= TOLERANCE for e in errors),
     }
     (out / "bench_pipeline.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=1)

@@ -12,6 +12,7 @@ from typing import Any
 
 from refdl.core.optim import OPTIMIZERS, SCHEDULES
 from refdl.errors import UsageError
+from refdl.mesh import MeshSpec
 
 # Settings that define the trajectory: resuming with a different value is an error.
 TRAJECTORY_KEYS = (
@@ -60,7 +61,9 @@ class RunSpec:
     devices: int = 1
     mesh: str | None = None
     allreduce: str = "xla"
-    microbatches: int = 1
+    # Microbatches m per step (gradient accumulation; pipeline microbatches). A pipeline
+    # of p stages idles (p-1)/(m+p-1) of its step (GPipe, 1F1B); default 4 for pipelines.
+    microbatches: int | None = None
     compress: str | None = None
     preset: str | None = None
     stages: int | None = None
@@ -80,8 +83,16 @@ class RunSpec:
         from refdl.models import MODELS
 
         d = MODELS.get(self.model).defaults
+        microbatches = self.microbatches
+        if microbatches is None:  # pipelines default to 4 microbatches, everything else to 1
+            piped = self.strategy == "pipeline" or (
+                self.strategy == "hybrid" and self.mesh and "pipe" in self.mesh
+                and MeshSpec.parse(self.mesh, self.devices).pipe > 1
+            )
+            microbatches = 4 if piped else 1
         return dataclasses.replace(
             self,
+            microbatches=microbatches,
             dataset=self.dataset or d.get("dataset", "digits"),
             optimizer=self.optimizer or d.get("optimizer", "sgd"),
             lr=self.lr if self.lr is not None else d.get("lr", 0.01),
