@@ -116,6 +116,7 @@ SLOW_FOR_LENET = {
     "data-devices=2-allreduce=xla-microbatches=4",
     "model-devices=2",
     "hybrid-devices=8-mesh=data=4,model=2",
+    "hybrid-devices=4-mesh=model=2,pipe=2-schedule=gpipe",
 }
 
 

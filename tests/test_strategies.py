@@ -222,3 +222,21 @@ def test_pipeline_cli_reports_bubbles_and_draws_the_schedule(tmp_path):
     assert 0 < s["bubble_fraction_measured"] < 1
     assert s["peak_stash_per_stage"] == [8, 8, 8, 8]
     assert (tmp_path / "gantt.png").stat().st_size > 10_000
+
+
+def test_explicit_stage_boundaries(tmp_path):
+    run = build(RunSpec(strategy="pipeline", devices=2, microbatches=2, stage_boundaries=(5,)))
+    assert [len(c) for c in run.strategy.chunks] == [5, 3]
+    with pytest.raises(UsageError, match="need 1 increasing layer indices between 1 and 7"):
+        build(RunSpec(strategy="pipeline", devices=2, microbatches=2, stage_boundaries=(9,)))
+    proc = run_cli(
+        "--strategy",
+        "pipeline",
+        "--devices",
+        "2",
+        "--stage-boundaries",
+        "a,b",
+        "--out",
+        str(tmp_path),
+    )
+    assert proc.returncode == 2 and "give layer indices like 2,5" in stderr_lines(proc)[0]

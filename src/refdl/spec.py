@@ -69,6 +69,7 @@ class RunSpec:
     stages: int | None = None
     schedule: str = "1f1b"
     chunks: int = 1
+    stage_boundaries: tuple[int, ...] | None = None
     plot_schedule: str | None = None
     out: str | None = None
     resume: str | None = None
@@ -86,7 +87,9 @@ class RunSpec:
         microbatches = self.microbatches
         if microbatches is None:  # pipelines default to 4 microbatches, everything else to 1
             piped = self.strategy == "pipeline" or (
-                self.strategy == "hybrid" and self.mesh and "pipe" in self.mesh
+                self.strategy == "hybrid"
+                and self.mesh
+                and "pipe" in self.mesh
                 and MeshSpec.parse(self.mesh, self.devices).pipe > 1
             )
             microbatches = 4 if piped else 1
@@ -180,6 +183,8 @@ class RunSpec:
         for key in ("model_opts", "data_opts"):
             if key in kw:
                 kw[key] = tuple(tuple(p) for p in kw[key])
+        if kw.get("stage_boundaries") is not None:
+            kw["stage_boundaries"] = tuple(kw["stage_boundaries"])
         return cls(**kw)
 
 

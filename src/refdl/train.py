@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunks", type=int, help="pipeline: model chunks per device for interleaved (default 1)"
     )
     g.add_argument(
+        "--stage-boundaries",
+        metavar="I,J,...",
+        help="pipeline: layer indices where stages start (default: balanced by parameter count)",
+    )
+    g.add_argument(
         "--plot-schedule",
         metavar="FILE.png",
         help="pipeline: draw the last executed step's timeline as a Gantt chart",
@@ -123,12 +128,22 @@ def configure_devices(n: int | None) -> None:
 
 def spec_from_args(args: argparse.Namespace):
     """The RunSpec: defaults, then (with --resume) the checkpoint's spec, then explicit flags."""
+    from refdl.errors import UsageError
     from refdl.spec import RunSpec, parse_pairs
 
     explicit: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "list"}
     for key, flag in (("model_opts", "--model-opt"), ("data_opts", "--data-opt")):
         if key in explicit:
             explicit[key] = parse_pairs(explicit[key], flag)
+    if "stage_boundaries" in explicit:
+        try:
+            explicit["stage_boundaries"] = tuple(
+                int(v) for v in explicit["stage_boundaries"].split(",") if v.strip()
+            )
+        except ValueError:
+            raise UsageError(
+                f"--stage-boundaries {explicit['stage_boundaries']!r}: give layer indices like 2,5"
+            ) from None
     base: dict[str, Any] = {}
     if "resume" in explicit:
         from refdl import checkpoint

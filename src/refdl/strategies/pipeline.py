@@ -115,7 +115,18 @@ class Pipeline(Strategy):
             )
         shapes = task.model.abstract_params(np.asarray(task.sample_x))
         costs = [max(param_count(shapes[k]), 1) for k in task.model.keys]
-        if spec.schedule == "interleaved":
+        if spec.stage_boundaries is not None:
+            cuts = list(spec.stage_boundaries)
+            if (
+                len(cuts) != p * v - 1
+                or cuts != sorted(set(cuts))
+                or not (cuts[0] > 0 and cuts[-1] < n_layers)
+            ):
+                raise UsageError(
+                    f"--stage-boundaries {','.join(map(str, cuts))}: need {p * v - 1} increasing "
+                    f"layer indices between 1 and {n_layers - 1} for {p * v} stages"
+                )
+        elif spec.schedule == "interleaved":
             cuts = list(range(n_layers // (p * v), n_layers, n_layers // (p * v)))
         else:
             cuts = balance(costs, p * v)
