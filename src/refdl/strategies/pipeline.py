@@ -117,11 +117,8 @@ class Pipeline(Strategy):
         costs = [max(param_count(shapes[k]), 1) for k in task.model.keys]
         if spec.stage_boundaries is not None:
             cuts = list(spec.stage_boundaries)
-            if (
-                len(cuts) != p * v - 1
-                or cuts != sorted(set(cuts))
-                or not (cuts[0] > 0 and cuts[-1] < n_layers)
-            ):
+            ordered = cuts == sorted(set(cuts)) and all(0 < c < n_layers for c in cuts)
+            if len(cuts) != p * v - 1 or not ordered:
                 raise UsageError(
                     f"--stage-boundaries {','.join(map(str, cuts))}: need {p * v - 1} increasing "
                     f"layer indices between 1 and {n_layers - 1} for {p * v} stages"
