@@ -52,7 +52,6 @@ class DataParallel(Strategy):
                 f"--allreduce halving-doubling needs a power-of-two data degree, not {self.p}"
             )
         self.mesh = self.mesh_spec.make(devices)
-        self.replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         self.codec = None
         if spec.compress:

@@ -9,6 +9,8 @@ code stays single-device. This is ``hybrid`` with every device on ``model``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from refdl.errors import UsageError
 from refdl.strategies.base import register
 from refdl.strategies.hybrid import Hybrid
@@ -20,8 +22,6 @@ class ModelParallel(Hybrid):
 
     def __init__(self, task, spec, devices) -> None:
         if spec.mesh is None:
-            import dataclasses
-
             spec = dataclasses.replace(spec, mesh=f"model={len(devices)}")
         super().__init__(task, spec, devices)
         if self.mesh_spec.data != 1 or self.mesh_spec.pipe != 1:
