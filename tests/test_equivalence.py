@@ -97,7 +97,7 @@ CASES = [
     ("hybrid", {"devices": 8, "mesh": "data=4,model=2"}),
     ("hybrid", {"devices": 4, "mesh": "data=2,model=2", "microbatches": 2}),
     ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "microbatches": 2}),
-    ("hybrid", {"devices": 4, "mesh": "model=2,pipe=2", "schedule": "gpipe"}),
+    ("hybrid", {"devices": 4, "mesh": "model=2,pipe=2", "schedule": "gpipe", "microbatches": 1}),
 ]
 
 
@@ -116,7 +116,7 @@ SLOW_FOR_LENET = {
     "data-devices=2-allreduce=xla-microbatches=4",
     "model-devices=2",
     "hybrid-devices=8-mesh=data=4,model=2",
-    "hybrid-devices=4-mesh=model=2,pipe=2-schedule=gpipe",
+    "hybrid-devices=4-mesh=model=2,pipe=2-schedule=gpipe-microbatches=1",
 }
 
 
@@ -143,7 +143,7 @@ PARAMS = [
 @pytest.mark.parametrize("model,case", PARAMS)
 def test_strategy_equals_single(model, case):
     strategy, kw = case
-    if kw.get("microbatches", 1) > 1 and model == "resnet":
+    if model == "resnet" and build(_spec(model, strategy=strategy, **kw)).spec.microbatches > 1:
         pytest.skip("BatchNorm statistics of a microbatch differ from the full batch's")
     assert_equivalent(model, strategy=strategy, **kw)
 
