@@ -1,0 +1,201 @@
+"""Hardware profiles: one TOML file per machine in ``refdl/hwprofiles/``, loaded by name
+or path and validated key by key (a bad file names the key that is wrong).
+
+A profile holds the device (peak FLOP/s per dtype, memory bandwidth and
+capacity) and its links (``intra``: inside a node, ``inter``: between nodes),
+each with latency, line rate, the fraction of it a collective achieves, and
+the source of every figure. ``Link.alpha_beta()`` gives the perf model's
+alpha (latency) and beta (seconds per byte at the achievable rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from refdl.errors import UsageError
+from refdl.perf.collectives import Link
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkSpec:
+    """A link: latency (s), line rate (bytes/s per direction), achievable fraction, source."""
+
+    latency_s: float
+    bandwidth: float
+    achievable: float
+    source: str
+
+    def alpha_beta(self) -> Link:
+        return Link(alpha=self.latency_s, beta=1.0 / (self.bandwidth * self.achievable))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One device: peak FLOP/s by dtype, memory bandwidth (bytes/s) and capacity (bytes)."""
+
+    name: str
+    peak_flops: dict[str, float]
+    memory_bandwidth: float
+    memory_bytes: float
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """A machine: its device, its links, and how many devices share a node."""
+
+    name: str
+    description: str
+    devices_per_node: int
+    device: DeviceSpec
+    links: dict[str, LinkSpec]
+
+    @property
+    def peak_flops(self) -> float:
+        """float32 peak FLOP/s (the dtype refdl trains in)."""
+        return self.device.peak_flops["float32"]
+
+    @property
+    def memory_bandwidth(self) -> float:
+        return self.device.memory_bandwidth
+
+    def link(self, workers: int) -> LinkSpec:
+        """The link a collective over ``workers`` devices is limited by: ``intra`` while they
+        fit in a node, else ``inter``."""
+        if workers <= self.devices_per_node and "intra" in self.links:
+            return self.links["intra"]
+        if "inter" in self.links:
+            return self.links["inter"]
+        return self.links["intra"]
+
+
+def _positive(raw: dict, key: str, where: str, path: str) -> float:
+    if key not in raw:
+        raise UsageError(f"hardware profile {path}: key {where}{key} is missing")
+    value = raw[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise UsageError(
+            f"hardware profile {path}: key {where}{key} must be a positive number (got {value!r})"
+        )
+    return float(value)
+
+
+def _text(raw: dict, key: str, where: str, path: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"hardware profile {path}: key {where}{key} must be a non-empty string")
+    return value
+
+
+def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
+    """Validate a profile's TOML contents."""
+    dev = raw.get("device")
+    if not isinstance(dev, dict):
+        raise UsageError(f"hardware profile {path}: table [device] is missing")
+    flops = dev.get("peak_flops")
+    if not isinstance(flops, dict) or "float32" not in flops:
+        raise UsageError(
+            f"hardware profile {path}: key device.peak_flops must be a table with float32"
+        )
+    device = DeviceSpec(
+        name=_text(dev, "name", "device.", path),
+        peak_flops={k: _positive(flops, k, "device.peak_flops.", path) for k in flops},
+        memory_bandwidth=_positive(dev, "memory_bandwidth", "device.", path),
+        memory_bytes=_positive(dev, "memory_bytes", "device.", path),
+        source=_text(dev, "source", "device.", path),
+    )
+    links_raw = raw.get("links")
+    if not isinstance(links_raw, dict) or not links_raw:
+        raise UsageError(f"hardware profile {path}: table [links.intra] or [links.inter] missing")
+    links = {}
+    for name, lk in links_raw.items():
+        if name not in ("intra", "inter") or not isinstance(lk, dict):
+            raise UsageError(
+                f"hardware profile {path}: links.{name}: use [links.intra] or [links.inter]"
+            )
+        where = f"links.{name}."
+        achievable = _positive(lk, "achievable", where, path)
+        if achievable > 1:
+            raise UsageError(f"hardware profile {path}: key {where}achievable must be <= 1")
+        links[name] = LinkSpec(
+            latency_s=_positive(lk, "latency_s", where, path),
+            bandwidth=_positive(lk, "bandwidth", where, path),
+            achievable=achievable,
+            source=_text(lk, "source", where, path),
+        )
+    per_node = raw.get("devices_per_node", 1)
+    if not isinstance(per_node, int) or per_node < 1:
+        raise UsageError(f"hardware profile {path}: key devices_per_node must be an integer >= 1")
+    return HardwareProfile(
+        name=_text(raw, "name", "", path),
+        description=str(raw.get("description", "")),
+        devices_per_node=per_node,
+        device=device,
+        links=links,
+    )
+
+
+def names() -> list[str]:
+    """The profiles shipped with refdl."""
+    folder = resources.files("refdl") / "hwprofiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str | Path) -> HardwareProfile:
+    """A shipped profile by name (``p100-nvlink``) or a TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise UsageError(f"hardware profile {path}: no such file")
+        text = path.read_text()
+    else:
+        if str(name_or_path) not in names():
+            raise UsageError(
+                f"unknown hardware profile {name_or_path!r}; choose one of: {', '.join(names())} "
+                "or give a .toml path"
+            )
+        path = Path(str(resources.files("refdl") / "hwprofiles" / f"{name_or_path}.toml"))
+        text = path.read_text()
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"hardware profile {path}: not valid TOML ({e})") from None
+    return parse(raw, str(path))
+
+
+def dumps(profile: HardwareProfile) -> str:
+    """The profile as TOML (``parse(tomllib.loads(dumps(p))) == p``)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return repr(v)
+
+    d = profile.device
+    lines = [
+        f"name = {value(profile.name)}",
+        f"description = {value(profile.description)}",
+        f"devices_per_node = {profile.devices_per_node}",
+        "",
+        "[device]",
+        f"name = {value(d.name)}",
+        f"peak_flops = {value(d.peak_flops)}",
+        f"memory_bandwidth = {d.memory_bandwidth!r}",
+        f"memory_bytes = {d.memory_bytes!r}",
+        f"source = {value(d.source)}",
+    ]
+    for name, lk in profile.links.items():
+        lines += ["", f"[links.{name}]"]
+        lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,146 @@
+"""Alpha-beta formulas against hand-computed values; hardware profiles; predict collective."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from refdl import hw
+from refdl.errors import UsageError
+from refdl.perf import collectives as C
+from refdl.perf.collectives import Link, bandwidths, collective_time
+
+L = Link(alpha=1e-6, beta=1e-9, gamma=1e-10)
+
+
+def test_formulas_hand_computed():
+    n, p = 1e6, 4
+    # ring: 2*3*1us + 2*1e6*3/4*1ns + 1e6*3/4*0.1ns = 6e-6 + 1.5e-3 + 7.5e-5
+    assert C.allreduce_ring(n, p, L) == pytest.approx(6e-6 + 1.5e-3 + 7.5e-5)
+    # recursive doubling: 2*1us + 1e6*2*1ns + 1e6*2*0.1ns
+    assert C.allreduce_recursive_doubling(n, p, L) == pytest.approx(2e-6 + 2e-3 + 2e-4)
+    # Rabenseifner: 4*1us + 1.5e-3 + 7.5e-5
+    assert C.allreduce_rabenseifner(n, p, L) == pytest.approx(4e-6 + 1.5e-3 + 7.5e-5)
+    # tree: 2*2*(1us + 1ms) + 2*1e6*0.1ns
+    assert C.allreduce_tree(n, p, L) == pytest.approx(4 * (1e-6 + 1e-3) + 2e-4)
+    assert C.reduce_scatter_ring(n, p, L) == pytest.approx(3e-6 + 0.75e6 * 1.1e-9)
+    assert C.allgather_ring(n, p, L) == pytest.approx(3e-6 + 0.75e-3)
+    assert C.broadcast_scatter_allgather(n, p, L) == pytest.approx(4e-6 + 1.5e-3)
+    assert C.ps_push_pull(n, p, L) == pytest.approx(2 * (1e-6 + 4e-3))
+    assert C.ps_push_pull(n, 8, L, servers=2) == pytest.approx(4e-6 + 2e-3 * 4)
+    assert C.neighbour_exchange(n, 2, L) == pytest.approx(1e-6 + 1e-3)
+    assert C.neighbour_exchange(n, 2, L, concurrent=False) == pytest.approx(2 * (1e-6 + 1e-3))
+
+
+@pytest.mark.parametrize("op,algos", list(C.OPS.items()))
+def test_one_worker_costs_nothing_and_costs_grow(op, algos):
+    for algo in algos:
+        assert collective_time(op, algo, 1e6, 1, L) == 0.0
+        for p in (2, 4, 8, 16):  # more bytes never cost less; more workers never cost less
+            assert collective_time(op, algo, 2e6, p, L) > collective_time(op, algo, 1e6, p, L)
+            assert collective_time(op, algo, 1e6, 2 * p, L) >= collective_time(op, algo, 1e6, p, L)
+    assert C.ps_push_pull(1e6, 1, L) == 0.0
+
+
+def test_nccl_bandwidth_conventions():
+    algbw, busbw = bandwidths("allreduce", 8e9, 4, 1.0)
+    assert (algbw, busbw) == (8e9, 8e9 * 2 * 3 / 4)
+    assert bandwidths("allgather", 8e9, 4, 2.0) == (4e9, 3e9)
+    assert bandwidths("broadcast", 8e9, 4, 2.0) == (4e9, 4e9)
+
+
+@pytest.mark.parametrize("name", hw.names())
+def test_profiles_load_and_round_trip(name):
+    prof = hw.load(name)
+    assert prof.peak_flops > 1e11 and prof.memory_bandwidth > 1e10
+    assert all(lk.source and 0 < lk.achievable <= 1 for lk in prof.links.values())
+    again = hw.parse(tomllib.loads(hw.dumps(prof)), "round-trip")
+    assert again == prof
+
+
+def test_shipped_profiles_cover_the_seed_hardware():
+    for name in (
+        "k80-pcie",
+        "p100-nvlink",
+        "p100-pcie",
+        "v100-nvlink",
+        "a100-nvlink",
+        "h100-nvlink",
+        "knl-omnipath",
+        "xeon-e5-2680v2-fdr",
+    ):
+        assert name in hw.names()
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda t: t.replace("memory_bandwidth = 732e9", "memory_bandwidth = -1"),
+            "key device.memory_bandwidth must be a positive number",
+        ),
+        (
+            lambda t: t.replace("achievable = 0.9", "achievable = 1.5"),
+            "key links.intra.achievable must be <= 1",
+        ),
+        (lambda t: t.replace("latency_s = 3.4e-6\n", ""), "key links.intra.latency_s is missing"),
+        (lambda t: t.replace("[device]", "[devise]"), "table [device] is missing"),
+        (lambda t: t + "\n[[broken", "not valid TOML"),
+    ],
+)
+def test_broken_profile_names_the_key(tmp_path, edit, message):
+    text = (hw.resources.files("refdl") / "hwprofiles" / "p100-nvlink.toml").read_text()
+    path = tmp_path / "bad.toml"
+    path.write_text(edit(text))
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        hw.load(path)
+    with pytest.raises(UsageError, match="unknown hardware profile 'tpu-v9'"):
+        hw.load("tpu-v9")
+
+
+def test_predict_collective_cli(capsys):
+    from refdl.predict import main
+
+    assert (
+        main(
+            [
+                "collective",
+                "--op",
+                "allreduce",
+                "--algo",
+                "ring",
+                "--hw",
+                "p100-nvlink",
+                "--workers",
+                "4",
+                "--bytes",
+                "67108864",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    row = json.loads(capsys.readouterr().out)
+    link = hw.load("p100-nvlink").links["intra"].alpha_beta()
+    assert row["time_s"] == pytest.approx(C.allreduce_ring(67108864, 4, link))
+    assert row["busbw"] == pytest.approx(row["algbw"] * 1.5)
+    assert (
+        main(
+            [
+                "collective",
+                "--op",
+                "allreduce",
+                "--algo",
+                "bogus",
+                "--hw",
+                "p100-nvlink",
+                "--workers",
+                "4",
+                "--bytes",
+                "1",
+            ]
+        )
+        == 2
+    )
