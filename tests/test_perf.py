@@ -70,8 +70,22 @@ def test_shipped_profiles_cover_the_seed_hardware():
         "h100-nvlink",
         "knl-omnipath",
         "xeon-e5-2680v2-fdr",
+        "p100-nvlink-ib-fdr",
+        "p100-nvlink-ib-edr",
+        "a100-nvlink-ib-hdr",
+        "h100-nvlink-ib-ndr",
+        "p100-nvlink-roce25",
+        "k80-pcie-10gbe",
     ):
         assert name in hw.names()
+
+
+def test_multi_node_profiles_switch_links_past_a_node():
+    prof = hw.load("p100-nvlink-ib-edr")
+    assert prof.link(8) is prof.links["intra"] and prof.link(16) is prof.links["inter"]
+    t8 = collective_time("allreduce", "ring", 1e8, 8, prof.link(8).alpha_beta())
+    t16 = collective_time("allreduce", "ring", 1e8, 16, prof.link(16).alpha_beta())
+    assert t16 > 5 * t8  # 12.5 GB/s InfiniBand against 80 GB/s NVLink
 
 
 @pytest.mark.parametrize(
