@@ -158,3 +158,33 @@ def test_predict_collective_cli(capsys):
         )
         == 2
     )
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    from refdl.calibrate import fit_alpha_beta
+
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    alpha, beta = fit_alpha_beta(sizes, [2 * 5e-6 + n * 2e-10 for n in sizes])
+    assert alpha == pytest.approx(5e-6) and beta == pytest.approx(2e-10)
+
+
+@pytest.mark.mpi
+def test_calibrate_writes_a_valid_profile(tmp_path):
+    """Real measurement: simulated devices and 2 MPI ranks under mpirun (bounded)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "local.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "refdl.hw", "calibrate", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    prof = hw.load(out)
+    assert prof.name == "local"
+    assert 1e9 < prof.peak_flops < 1e13  # a 2-core CPU: tens to hundreds of GFLOP/s
+    assert 1e8 < prof.memory_bandwidth < 1e12
+    assert "intra" in prof.links and "inter" in prof.links  # simulated devices, MPI ranks
+    assert all(0 < lk.latency_s < 1 for lk in prof.links.values())

@@ -199,3 +199,47 @@ def dumps(profile: HardwareProfile) -> str:
         lines += ["", f"[links.{name}]"]
         lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m refdl.hw calibrate [--out FILE]`` | ``python -m refdl.hw show NAME``."""
+    import argparse
+    import os
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m refdl.hw", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    cal = sub.add_parser("calibrate", help="measure this machine and write a profile")
+    cal.add_argument("--out", help="profile path (default: the shipped hwprofiles/local.toml)")
+    cal.add_argument("--name", default="local")
+    show = sub.add_parser("show", help="print a profile")
+    show.add_argument("name")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "show":
+            print(dumps(load(args.name)), end="")
+            return 0
+        if "jax" not in sys.modules and "device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (
+                os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+            ).strip()
+        from refdl.calibrate import calibrate
+
+        profile = parse(calibrate(args.name), "calibration")
+        out = Path(args.out or str(resources.files("refdl") / "hwprofiles" / f"{args.name}.toml"))
+        out.write_text(dumps(profile))
+    except UsageError as e:
+        print(f"refdl.hw: error: {e}", file=sys.stderr)
+        return 2
+    d = profile.device
+    links = "; ".join(
+        f"{k}: alpha {v.latency_s * 1e6:.1f} us, {v.bandwidth / 1e9:.2f} GB/s"
+        for k, v in profile.links.items()
+    )
+    flops = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in d.peak_flops.items())
+    print(f"wrote {out}: {flops}, memory {d.memory_bandwidth / 1e9:.1f} GB/s; {links}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,8 +23,10 @@ import json
 import math
 import os
 import resource
+import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -243,6 +245,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     times: list[float] = []
     last_eval: dict[str, float] = {}
     status = "completed"
+    stop = _GracefulStop()
 
     def save_checkpoint(s: TrainState) -> None:
         host = strategy.gather_state(s)
@@ -298,33 +301,82 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
                     )
             if spec.checkpoint_every and done % spec.checkpoint_every == 0:
                 save_checkpoint(state)
+            if stop.requested:  # Ctrl-C: the step just finished is the last one
+                status = "interrupted"
+                break
         save_checkpoint(state)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        save_checkpoint(state)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop now; the state may be mid-step
+        status = "aborted"
+        raise
     except DivergedError:
         status = "diverged"
         raise
     finally:
+        stop.restore()
         if bar is not None:
             bar.close()
-        host = strategy.gather_state(state)
-        if not last_eval or status != "completed":
-            last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
-        summary = _summary(run, host, losses, times, last_eval, t_start, status, start)
-        summary["run_dir"] = str(out)
-        if spec.plot_schedule and strategy.primary and strategy.timeline():
-            from refdl.bench.plots import gantt
-
-            title = f"{spec.schedule}, {summary.get('stages')} stages, {spec.microbatches} mb"
-            summary["schedule_plot"] = str(
-                gantt(strategy.timeline(), len(strategy.devices), spec.plot_schedule, title)
+        if status != "aborted":  # an aborted state may be mid-step: write nothing from it
+            summary = _write_summary(
+                run,
+                strategy,
+                state,
+                writer,
+                out,
+                losses,
+                times,
+                last_eval,
+                eval_fn,
+                t_start,
+                status,
+                start,
             )
-        writer.json("summary.json", summary)
         writer.close()
     if status == "interrupted":
         raise KeyboardInterrupt
     return summary
+
+
+def _write_summary(
+    run, strategy, state, writer, out, losses, times, last_eval, eval_fn, t_start, status, start
+) -> dict[str, Any]:
+    """Evaluate if needed, build ``summary.json`` (and the schedule plot), write it."""
+    spec = run.spec
+    host = strategy.gather_state(state)
+    if not last_eval or status != "completed":
+        last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
+    summary = _summary(run, host, losses, times, last_eval, t_start, status, start)
+    summary["run_dir"] = str(out)
+    if spec.plot_schedule and strategy.primary and strategy.timeline():
+        from refdl.bench.plots import gantt
+
+        title = f"{spec.schedule}, {summary.get('stages')} stages, {spec.microbatches} mb"
+        summary["schedule_plot"] = str(
+            gantt(strategy.timeline(), len(strategy.devices), spec.plot_schedule, title)
+        )
+    writer.json("summary.json", summary)
+    return summary
+
+
+class _GracefulStop:
+    """The first Ctrl-C asks the loop to stop after the step in flight (so the state is
+    whole: a step's input state may already be donated); a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("refdl: stopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 def _finite(obj: Any) -> Any:

@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; checkpoint written, continue with --resume", file=sys.stderr)
+        print(
+            f"{PROG}: interrupted; continue from the last checkpoint with --resume", file=sys.stderr
+        )
         return 130
     keys = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
     shown = ", ".join(f"{k} {summary[k]:.4g}" for k in keys if summary.get(k) is not None)
