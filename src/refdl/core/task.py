@@ -98,9 +98,14 @@ class Task:
             opt_state=opt_state,
         )
 
-    def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        """The single-device reference step on the whole global batch."""
-        loss, grads, model_state = self.loss_and_grads(state.params, state.model_state, batch)
+    def step(
+        self, state: TrainState, batch: Batch, microbatches: int = 1
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The reference step on the whole global batch (gradient accumulated over
+        ``microbatches`` slices when > 1)."""
+        loss, grads, model_state = self.accumulated_grads(
+            state.params, state.model_state, batch, microbatches
+        )
         return self.apply_gradients(state, grads, model_state), {"loss": loss}
 
     def eval_sums(self, params: PyTree, model_state: PyTree, batch: Batch) -> dict[str, jax.Array]:

@@ -22,6 +22,7 @@ Presets:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -145,19 +146,13 @@ class Hybrid(Strategy):
             extras=rep(state.extras),
         )
 
-    def _global_step(self, state: TrainState, batch: Batch):
-        loss, grads, model_state = self.task.accumulated_grads(
-            state.params, state.model_state, batch, self.spec.microbatches
-        )
-        return self.task.apply_gradients(state, grads, model_state), {"loss": loss}
-
     def place_state(self, host_state: TrainState) -> TrainState:
         if self.pipeline is not None:
             return self.pipeline.place_state(host_state)
         shardings = self.state_shardings(host_state)
         if self._step is None:
             self._step = jax.jit(
-                self._global_step,
+                functools.partial(self.task.step, microbatches=self.spec.microbatches),
                 in_shardings=(shardings, self.batch_sharding),
                 out_shardings=(shardings, self.replicated),
                 donate_argnums=0,

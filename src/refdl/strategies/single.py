@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -30,16 +31,9 @@ class Single(Strategy):
         MeshSpec().check_batch(spec.batch_size, spec.microbatches)
         super().__init__(task, spec, devices)
         self.device = devices[0]
-        self._step = jax.jit(self._global_step, donate_argnums=0)
-
-    def _global_step(self, state: TrainState, batch: Batch):
-        """``Task.step``, with gradient accumulation when ``--microbatches`` > 1."""
-        if self.spec.microbatches == 1:
-            return self.task.step(state, batch)
-        loss, grads, model_state = self.task.accumulated_grads(
-            state.params, state.model_state, batch, self.spec.microbatches
+        self._step = jax.jit(
+            functools.partial(task.step, microbatches=spec.microbatches), donate_argnums=0
         )
-        return self.task.apply_gradients(state, grads, model_state), {"loss": loss}
 
     def place_state(self, host_state: TrainState) -> TrainState:
         return jax.device_put(host_state, self.device)
