@@ -30,9 +30,19 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _MARKER = "_CHECKPOINT_METADATA"
 
 
-def _checkpointer():
+def _checkpointer(writing: bool = False):
+    """Orbax's checkpointer. Across processes (jax.distributed) only rank 0 writes, with no
+    barrier; every rank reads (``restore`` is called by all of them together)."""
     import orbax.checkpoint as ocp
 
+    if writing and jax.process_count() > 1:  # across processes only rank 0 reads and writes: no barriers
+        mp = ocp.options.MultiprocessingOptions(primary_host=0, active_processes={0})
+        handler = ocp.CompositeCheckpointHandler(
+            composite_options=ocp.CompositeOptions(multiprocessing_options=mp),
+            state=ocp.StandardCheckpointHandler(multiprocessing_options=mp),
+            meta=ocp.JsonCheckpointHandler(multiprocessing_options=mp),
+        )
+        return ocp, ocp.Checkpointer(handler, multiprocessing_options=mp)
     return ocp, ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
 
@@ -42,10 +52,10 @@ def _paths(state: TrainState) -> list[str]:
 
 def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: int = 3) -> Path:
     """Write the host ``state`` as ``ckpt_dir/step_N`` (N = its step); keep the newest ``keep``."""
-    ocp, ck = _checkpointer()
+    ocp, ck = _checkpointer(writing=True)
     ckpt_dir = Path(ckpt_dir).absolute()
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    step = int(np.asarray(state.step))
+    step = int(np.asarray(state.step).reshape(-1)[0])  # replicated strategies stack it
     path = ckpt_dir / f"step_{step:07d}"
     if path.exists():  # re-saving the same step (e.g. final == periodic): keep the first
         return path
@@ -90,6 +100,11 @@ def resolve(path: str | Path) -> Path:
 
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The JSON metadata of the checkpoint at ``path``."""
+    plain = Path(path) / "meta" / "metadata"  # JsonSave's file: read without starting JAX
+    if plain.is_file():
+        import json
+
+        return json.loads(plain.read_text())
     ocp, ck = _checkpointer()
     return ck.restore(Path(path).absolute(), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
         "meta"

@@ -78,6 +78,7 @@ class Run:
 def build(spec: RunSpec) -> Run:
     """Build the pieces of a run; raises UsageError for anything that does not fit."""
     spec = spec.with_model_defaults().validate()
+    _join_ranks(spec)
     dataset = load_dataset(spec.dataset, spec.data_dir, dict(spec.data_opts))
     info = dataset.info
     if spec.batch_size > info.train_size:
@@ -101,7 +102,11 @@ def build(spec: RunSpec) -> Run:
     axes = model.logical_axes(jnp.asarray(sample))
     task = Task(model, spec.loss, optimizer, sample, axes)
     available = jax.devices()
-    if len(available) < spec.devices:
+    from refdl import dist
+
+    if dist.under_mpi() and STRATEGIES.get(spec.strategy).multiprocess == "mpi":
+        available = jax.local_devices()[:1]  # one runtime per rank; ranks are the workers
+    elif len(available) < spec.devices:
         raise UsageError(
             f"--devices {spec.devices} asked for more devices than JAX sees ({len(available)}); "
             "on a CPU host python -m refdl.train simulates them, in a library set "
@@ -109,6 +114,30 @@ def build(spec: RunSpec) -> Run:
         )
     strategy = STRATEGIES.get(spec.strategy)(task, spec, available[: spec.devices])
     return Run(spec, dataset, task, strategy, schedule)
+
+
+def _join_ranks(spec: RunSpec) -> None:
+    """Under mpirun: check the strategy runs across ranks, and join them if it is SPMD."""
+    from refdl import dist
+
+    if not dist.under_mpi():
+        return
+    mode = STRATEGIES.get(spec.strategy).multiprocess
+    if mode is None:
+        raise UsageError(
+            f"--strategy {spec.strategy} runs in one process; launch it without mpirun, or use "
+            "data, model, hybrid, ps or decentralized across ranks"
+        )
+    if spec.simulate:
+        raise UsageError("--simulate runs every worker in one process; launch it without mpirun")
+    size = dist.launched_size()
+    if spec.devices not in (1, size):
+        raise UsageError(
+            f"under mpirun --devices is the number of ranks ({size}), not {spec.devices}; "
+            "drop --devices"
+        )
+    if mode == "spmd":
+        dist.init_spmd(spec.timeout)
 
 
 def global_batch(run: Run, step: int) -> dict[str, np.ndarray]:
@@ -224,8 +253,8 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     resume_step = None
     if spec.resume:
         path = checkpoint.resolve(spec.resume)
-        host = checkpoint.restore(path, to_host(run.task.init_state(spec.seed)))
-        resume_step = int(host.step)
+        host = checkpoint.restore(path, strategy.host_template(spec.seed))
+        resume_step = int(np.asarray(host.step).reshape(-1)[0])
         state = strategy.place_state(host)
     else:
         state = strategy.init_state(spec.seed)
@@ -246,6 +275,17 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     last_eval: dict[str, float] = {}
     status = "completed"
     stop = _GracefulStop()
+    from refdl import dist
+
+    watchdog = dist.Watchdog(spec.timeout) if dist.under_mpi() else None
+    if not strategy.drives_loop:  # a parameter-server worker or secondary server
+        try:
+            strategy.serve(state, start, watchdog)
+        finally:
+            stop.restore()
+            if watchdog is not None:
+                watchdog.close()
+        return {}
 
     def save_checkpoint(s: TrainState) -> None:
         host = strategy.gather_state(s)
@@ -258,8 +298,10 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             # The old state may be donated to the step: from here the new one is the state.
             state, metrics = strategy.train_step(state, batch)
-            loss = float(np.mean(metrics["loss"]))  # waits; per-shard losses are averaged
+            loss = float(np.mean(to_host(metrics["loss"])))  # waits; shard losses averaged
             dt = time.perf_counter() - t0
+            if watchdog is not None:
+                watchdog.beat()
             if not math.isfinite(loss):
                 last = checkpoint.all_checkpoints(ckpt_dir)
                 where = f"; the last good checkpoint is {last[-1]}" if last else ""
@@ -277,8 +319,11 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
                 )
             evaluated = spec.eval_every and (done % spec.eval_every == 0 or done == spec.steps)
             if evaluated:
-                last_eval = evaluate(run, strategy.gather_state(state), eval_fn)
+                host = strategy.gather_state(state)  # collective across ranks
+                if strategy.primary:
+                    last_eval = evaluate(run, strategy.eval_state(host), eval_fn)
             if evaluated or (spec.log_every and done % spec.log_every == 0) or done == spec.steps:
+                metrics = {**metrics, **strategy.extra_metrics(state)}
                 window = losses[-(spec.log_every or 1) :]
                 row = {
                     "step": done,
@@ -313,6 +358,8 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
         raise
     finally:
         stop.restore()
+        if watchdog is not None:
+            watchdog.close()
         if bar is not None:
             bar.close()
         if status != "aborted":  # an aborted state may be mid-step: write nothing from it
@@ -341,7 +388,10 @@ def _write_summary(
 ) -> dict[str, Any]:
     """Evaluate if needed, build ``summary.json`` (and the schedule plot), write it."""
     spec = run.spec
-    host = strategy.gather_state(state)
+    host = strategy.gather_state(state)  # collective across ranks
+    if not strategy.primary:
+        return {}
+    host = strategy.eval_state(host)
     if not last_eval or status != "completed":
         last_eval = evaluate(run, host, eval_fn) if status != "diverged" else last_eval
     summary = _summary(run, host, losses, times, last_eval, t_start, status, start)
@@ -404,7 +454,7 @@ def _summary(
     start: int,
 ) -> dict[str, Any]:
     spec, info = run.spec, run.dataset.info
-    median = statistics.median(times) if times else None
+    median = statistics.median(times[1:] or times) if times else None
     peak, source = peak_memory()
     from refdl.core.layers import param_count
 

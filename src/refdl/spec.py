@@ -71,6 +71,18 @@ class RunSpec:
     chunks: int = 1
     stage_boundaries: tuple[int, ...] | None = None
     plot_schedule: str | None = None
+    # Parameter server (ps) and decentralized training.
+    ps_mode: str = "sync"  # sync | async | ssp
+    servers: int = 1
+    staleness: int | None = None  # ssp bound S
+    simulate: bool = False  # run ps/decentralized workers in one process, deterministically
+    workers: int | None = None  # --simulate: number of workers (default 4)
+    ps_trace: str | None = None  # --simulate: replay this recorded arrival order
+    topology: str = "ring"  # ring | torus | exp2 | complete | PATH (adjacency file)
+    order: str = "atc"  # atc (adapt-then-combine) | cta (combine-then-adapt, D-PSGD)
+    gossip: bool = False  # randomized pairwise gossip instead of full neighbour averaging
+    straggler: str | None = None  # RANK:SECONDS, delay one worker's every step
+    timeout: float = 300.0  # under mpirun: seconds without progress before every rank aborts
     out: str | None = None
     resume: str | None = None
     eval_every: int = 100
@@ -167,9 +179,58 @@ class RunSpec:
             raise UsageError(f"--lr must be a finite number > 0 (got {self.lr})")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1) (got {self.momentum})")
+        self._validate_distributed()
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
         return self
+
+    def _validate_distributed(self) -> None:
+        """The ps/decentralized flags: values, and that they go with their strategy."""
+        if self.ps_mode not in ("sync", "async", "ssp"):
+            raise UsageError(f"unknown --ps-mode {self.ps_mode!r}; choose one of: sync, async, ssp")
+        if self.staleness is not None and self.staleness < 0:
+            raise UsageError(f"--staleness must be >= 0 (got {self.staleness})")
+        if self.ps_mode == "ssp" and self.staleness is None:
+            raise UsageError("--ps-mode ssp needs --staleness S (the bound, S >= 0)")
+        if self.staleness is not None and self.ps_mode != "ssp":
+            raise UsageError("--staleness is the bound of --ps-mode ssp; add --ps-mode ssp")
+        if self.servers < 1:
+            raise UsageError(f"--servers must be >= 1 (got {self.servers})")
+        if self.workers is not None and self.workers < 1:
+            raise UsageError(f"--workers must be >= 1 (got {self.workers})")
+        if self.timeout <= 0:
+            raise UsageError(f"--timeout must be > 0 seconds (got {self.timeout})")
+        if self.order not in ("atc", "cta"):
+            raise UsageError(f"unknown --order {self.order!r}; choose atc or cta")
+        ps_only = {
+            "ps_mode": self.ps_mode != "sync",
+            "servers": self.servers != 1,
+            "ps_trace": self.ps_trace is not None,
+        }
+        dec_only = {
+            "topology": self.topology != "ring",
+            "order": self.order != "atc",
+            "gossip": self.gossip,
+        }
+        for names, strategy in ((ps_only, "ps"), (dec_only, "decentralized")):
+            for key, given in names.items():
+                if given and self.strategy != strategy:
+                    flag = "--" + key.replace("_", "-")
+                    raise UsageError(f"{flag} is an option of --strategy {strategy}")
+        if (self.simulate or self.workers is not None) and self.strategy not in (
+            "ps",
+            "decentralized",
+        ):
+            raise UsageError("--simulate and --workers are for --strategy ps or decentralized")
+        if self.workers is not None and not self.simulate:
+            raise UsageError(
+                "--workers sets the simulated worker count: add --simulate (under mpirun the "
+                "ranks are the workers)"
+            )
+        if self.ps_trace is not None and not self.simulate:
+            raise UsageError("--ps-trace replays a recorded run in the simulator: add --simulate")
+        if self.straggler is not None:
+            straggler_of(self.straggler)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples of pairs become lists)."""
@@ -186,6 +247,20 @@ class RunSpec:
         if kw.get("stage_boundaries") is not None:
             kw["stage_boundaries"] = tuple(kw["stage_boundaries"])
         return cls(**kw)
+
+
+def straggler_of(text: str | None) -> tuple[int, float] | None:
+    """``"2:0.05"`` -> ``(2, 0.05)``: the rank (or simulated worker) and its delay per step."""
+    if text is None:
+        return None
+    rank, sep, secs = str(text).partition(":")
+    try:
+        out = (int(rank), float(secs))
+    except ValueError:
+        out = None
+    if not sep or out is None or out[0] < 0 or not (out[1] >= 0 and math.isfinite(out[1])):
+        raise UsageError(f"--straggler takes RANK:SECONDS, e.g. 1:0.05 (got {text!r})")
+    return out
 
 
 def parse_pairs(items: list[str] | None, flag: str) -> tuple[tuple[str, str], ...]:

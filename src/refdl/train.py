@@ -107,6 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="pipeline: draw the last executed step's timeline as a Gantt chart",
     )
+    g = p.add_argument_group("parameter server and decentralized (also under mpirun)")
+    g.add_argument("--ps-mode", help="ps: sync (default), async or ssp")
+    g.add_argument("--staleness", type=int, help="ps ssp: no worker runs more than S steps ahead")
+    g.add_argument("--servers", type=int, help="ps: server ranks holding parameter shards (1)")
+    g.add_argument(
+        "--topology", help="decentralized: ring (default), torus, exp2, complete or an adjacency file"
+    )
+    g.add_argument("--order", help="decentralized: atc (adapt-then-combine, default) or cta")
+    g.add_argument(
+        "--gossip", action="store_true", help="decentralized: random pairwise gossip per step"
+    )
+    g.add_argument(
+        "--simulate", action="store_true", help="ps/decentralized: all workers in this process"
+    )
+    g.add_argument("--workers", type=int, help="--simulate: number of workers (default 4)")
+    g.add_argument("--ps-trace", help="--simulate: replay this recorded arrival order (ps)")
+    g.add_argument("--straggler", metavar="RANK:SECONDS", help="delay one worker's every step")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        help="under mpirun: seconds without progress before every rank aborts (default 300)",
+    )
+    g = p.add_argument_group("output")
     g.add_argument("--out", help="run folder (default runs/<timestamp>/)")
     g.add_argument("--resume", help="a run folder or checkpoint to continue from")
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default 100; 0 = end)")
@@ -184,7 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "list", False):
         print_list()
         return 0
-    configure_devices(getattr(args, "devices", None))
+    from refdl import dist
+
+    if dist.under_mpi():  # one device per rank; the ranks are the devices
+        dist.configure_rank_threads()
+        if not hasattr(args, "devices"):
+            args.devices = dist.launched_size()
+    else:
+        configure_devices(getattr(args, "devices", None))
     from refdl.errors import DivergedError, UsageError
 
     try:
@@ -203,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{PROG}: interrupted; continue from the last checkpoint with --resume", file=sys.stderr
         )
         return 130
+    if not summary:  # a rank other than 0 under mpirun: rank 0 reports
+        return 0
     keys = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
     shown = ", ".join(f"{k} {summary[k]:.4g}" for k in keys if summary.get(k) is not None)
     print(

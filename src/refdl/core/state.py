@@ -28,7 +28,21 @@ class TrainState:
 
 
 def to_host(tree: PyTree) -> PyTree:
-    """Every leaf as a NumPy array on the host (gathers sharded arrays)."""
+    """Every leaf as a NumPy array on the host (gathers sharded arrays).
+
+    Across processes (``jax.distributed``) a replicated array is read from this
+    process's copy and a sharded one is all-gathered, so every process must call
+    this at the same point.
+    """
     import numpy as np
 
-    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:
+                return np.asarray(x.addressable_data(0))
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, tree)

@@ -35,6 +35,9 @@ class Strategy(abc.ABC):
     """
 
     name: ClassVar[str]
+    # How the strategy runs under mpirun: "spmd" (jax.distributed joins the ranks into
+    # one runtime), "mpi" (one runtime per rank, mpi4jax messages), None (one process only).
+    multiprocess: ClassVar[str | None] = None
 
     def __init__(self, task: Task, spec: Any, devices: list[jax.Device]) -> None:
         self.task = task
@@ -44,7 +47,31 @@ class Strategy(abc.ABC):
     @property
     def primary(self) -> bool:
         """Whether this process writes files (rank 0 under MPI; always in one process)."""
+        from refdl import dist
+
+        return dist.launched_rank() == 0
+
+    @property
+    def drives_loop(self) -> bool:
+        """Whether this process runs the training loop; ranks that do not (parameter-server
+        workers, secondary servers) call ``serve`` instead."""
         return True
+
+    def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
+        """This rank's whole part of the run when it does not drive the loop."""
+        raise NotImplementedError
+
+    def host_template(self, seed: int) -> TrainState:
+        """A host state with this strategy's checkpoint structure (for ``--resume``)."""
+        return to_host(self.task.init_state(seed))
+
+    def eval_state(self, host_state: TrainState) -> TrainState:
+        """The single model evaluated from a gathered state (e.g. the replicas' average)."""
+        return host_state
+
+    def extra_metrics(self, state: TrainState) -> dict[str, Any]:
+        """Metrics measured only on logged steps (e.g. consensus distance); every rank calls it."""
+        return {}
 
     def init_state(self, seed: int) -> TrainState:
         """The initial state from ``seed``, placed by this strategy."""

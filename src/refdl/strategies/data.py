@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from refdl.comm.allreduce import allreduce_mean, analytic_bytes
 from refdl.comm.measure import collective_bytes
 from refdl.core.layers import batch_axis, param_count
-from refdl.core.state import TrainState
+from refdl.core.state import TrainState, to_host
 from refdl.errors import UsageError
 from refdl.mesh import MeshSpec
 from refdl.strategies.base import Batch, Strategy, register
@@ -36,6 +36,8 @@ from refdl.strategies.base import Batch, Strategy, register
 @register("data")
 class DataParallel(Strategy):
     """Replicated state, batch split on ``data``, explicit gradient allreduce."""
+
+    multiprocess = "spmd"
 
     def __init__(self, task, spec, devices) -> None:
         super().__init__(task, spec, devices)
@@ -113,7 +115,7 @@ class DataParallel(Strategy):
         # deadlock (seen with 8 devices on 2 cores when steps were not awaited).
         jax.block_until_ready(state)
         out = {"loss": metrics.pop("loss"), "comm_bytes": self.measured.get("total", 0)}
-        out.update({k: float(np.mean(np.asarray(v))) for k, v in metrics.items()})
+        out.update({k: float(np.mean(to_host(v))) for k, v in metrics.items()})
         self.last_metrics = out
         return state, out
 

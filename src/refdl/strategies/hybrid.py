@@ -68,10 +68,18 @@ def _degree(mesh: MeshSpec, axes: MeshAxes) -> int:
 class Hybrid(Strategy):
     """Data x model (x pipe, later) parallelism on one mesh, collectives placed by XLA."""
 
+    multiprocess = "spmd"
+
     def __init__(self, task, spec, devices) -> None:
         super().__init__(task, spec, devices)
         self.mesh_spec = MeshSpec.parse(spec.mesh, len(devices))
         self._check_options()
+        from refdl import dist
+
+        if self.mesh_spec.pipe > 1 and dist.under_mpi():
+            raise UsageError(
+                "pipe > 1 runs its stages from one host process; launch it without mpirun"
+            )
         preset = spec.preset or "tensor"
         if preset not in PRESETS:
             raise UsageError(f"unknown --preset {preset!r}; choose one of: owt")

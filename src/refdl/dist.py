@@ -1,0 +1,157 @@
+"""Processes under ``mpirun``: rank and size from MPI, ``jax.distributed`` for the SPMD
+strategies, and a watchdog so a dead or hung peer never leaves the others waiting forever.
+
+Two ways to run across processes:
+
+- SPMD strategies (``data``, ``model``, ``hybrid``) call ``init_spmd``: MPI only
+  discovers the processes (rank 0 picks a free port and broadcasts it), then
+  ``jax.distributed`` joins them into one JAX runtime whose global device list
+  spans every process, and XLA's CPU collectives (gloo) move the data.
+- Message-passing strategies (``ps``, ``decentralized``) keep one JAX runtime per
+  process and move arrays with mpi4jax inside ``jax.jit`` on ``data_comm()``.
+
+Rank and size are read from the launcher's environment first, so a plain
+``python -m refdl.train`` never imports mpi4py.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+# Settings each rank should run with when several ranks share a host's cores: one XLA
+# CPU thread per rank instead of a pool per rank spinning against the others (see
+# docs/bench and scripts/bench_distributed.py for the measurement).
+RANK_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def launched_size() -> int:
+    """The number of ranks the launcher started (1 without a launcher)."""
+    for var in _SIZE_VARS:
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def launched_rank() -> int:
+    """This process's rank according to the launcher (0 without a launcher)."""
+    for var in _RANK_VARS:
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 0
+
+
+def under_mpi() -> bool:
+    """Whether this process is one of several ranks started by ``mpirun``."""
+    return launched_size() > 1
+
+
+def comm() -> Any:
+    """``MPI.COMM_WORLD`` (mpi4py), for control messages between ranks."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@functools.lru_cache(maxsize=1)
+def data_comm() -> Any:
+    """A duplicate of COMM_WORLD for the strategies' array traffic (mpi4jax), so their
+    messages can never match a control message."""
+    return comm().Dup()
+
+
+def configure_rank_threads() -> None:
+    """One XLA CPU thread per rank when the ranks oversubscribe the host's cores.
+
+    Must run before JAX starts its CPU backend; a user's own XLA_FLAGS win.
+    """
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if launched_size() < (ncpu or 1) and "REFDL_RANK_THREADS" not in os.environ:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {RANK_XLA_FLAGS}".strip()
+
+
+def init_spmd(timeout_s: float = 120.0) -> None:
+    """Join every rank into one JAX runtime (``jax.distributed``) with CPU collectives.
+
+    Rank 0 chooses a free local port for the coordinator and broadcasts it over
+    MPI. Call before anything touches JAX's backend; idempotent.
+    """
+    import jax
+
+    if getattr(init_spmd, "done", False):
+        return
+    world = comm()
+    rank, size = world.Get_rank(), world.Get_size()
+    address = None
+    if rank == 0:
+        host = os.environ.get("REFDL_COORDINATOR_HOST") or _local_host(size)
+        with socket.socket() as s:
+            s.bind(("", 0))
+            address = f"{host}:{s.getsockname()[1]}"
+    address = world.bcast(address, root=0)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        address,
+        num_processes=size,
+        process_id=rank,
+        initialization_timeout=int(timeout_s),
+    )
+    init_spmd.done = True
+
+
+def _local_host(size: int) -> str:
+    """127.0.0.1 when every rank is on this host, else this host's name."""
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local is None or int(local) == size:
+        return "127.0.0.1"
+    return socket.gethostname()
+
+
+class Watchdog:
+    """Aborts the whole MPI job when this rank makes no progress for ``timeout_s``.
+
+    The loop calls ``beat()`` after each step; a peer that died or hangs stalls
+    every other rank inside a collective, and after the timeout each stalled
+    rank prints one line saying so and calls ``MPI_Abort``, which ends every
+    rank (mpirun then exits non-zero).
+    """
+
+    def __init__(self, timeout_s: float, what: str = "a step") -> None:
+        self.timeout_s = timeout_s
+        self.what = what
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="refdl-watchdog")
+        self._thread.start()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                rank, size = launched_rank(), launched_size()
+                print(
+                    f"refdl.train: error: rank {rank}/{size} made no progress for "
+                    f"{idle:.0f} s (limit --timeout {self.timeout_s:g}): a peer died or "
+                    "hangs; aborting every rank",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                comm().Abort(3)
+                os._exit(3)  # not reached: Abort ends the process
