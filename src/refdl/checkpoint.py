@@ -35,7 +35,7 @@ def _checkpointer(writing: bool = False):
     barrier; every rank reads (``restore`` is called by all of them together)."""
     import orbax.checkpoint as ocp
 
-    if writing and jax.process_count() > 1:  # across processes only rank 0 reads and writes: no barriers
+    if writing and jax.process_count() > 1:  # only rank 0 writes, without barriers
         mp = ocp.options.MultiprocessingOptions(primary_host=0, active_processes={0})
         handler = ocp.CompositeCheckpointHandler(
             composite_options=ocp.CompositeOptions(multiprocessing_options=mp),

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--staleness", type=int, help="ps ssp: no worker runs more than S steps ahead")
     g.add_argument("--servers", type=int, help="ps: server ranks holding parameter shards (1)")
     g.add_argument(
-        "--topology", help="decentralized: ring (default), torus, exp2, complete or an adjacency file"
+        "--topology", help="decentralized: ring (default), torus, exp2, complete or a 0/1 file"
     )
     g.add_argument("--order", help="decentralized: atc (adapt-then-combine, default) or cta")
     g.add_argument(

@@ -52,9 +52,11 @@ def stack(tree: Any, n: int) -> Any:
 def replica_mean(tree: Any) -> Any:
     """The average over the replica axis (float leaves; others take replica 0)."""
     return jax.tree.map(
-        lambda x: np.mean(x, 0, dtype=np.float64).astype(x.dtype)
-        if np.issubdtype(x.dtype, np.floating)
-        else x[0],
+        lambda x: (
+            np.mean(x, 0, dtype=np.float64).astype(x.dtype)
+            if np.issubdtype(x.dtype, np.floating)
+            else x[0]
+        ),
         tree,
     )
 
