@@ -113,7 +113,9 @@ def build(spec: RunSpec) -> Run:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={spec.devices} before importing jax"
         )
     strategy = STRATEGIES.get(spec.strategy)(task, spec, available[: spec.devices])
-    return Run(spec, dataset, task, strategy, schedule)
+    run = Run(spec, dataset, task, strategy, schedule)
+    strategy.batch_of = lambda step: global_batch(run, step)
+    return run
 
 
 def _join_ranks(spec: RunSpec) -> None:
@@ -281,6 +283,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     if not strategy.drives_loop:  # a parameter-server worker or secondary server
         try:
             strategy.serve(state, start, watchdog)
+            strategy.finish()
         finally:
             stop.restore()
             if watchdog is not None:
@@ -378,6 +381,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
                 start,
             )
         writer.close()
+        strategy.finish()
     if status == "interrupted":
         raise KeyboardInterrupt
     return summary

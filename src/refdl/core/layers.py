@@ -382,8 +382,12 @@ class Sequential:
 
     def abstract_params(self, x: Array) -> PyTree:
         """The parameters as ``ShapeDtypeStruct``s, from shapes alone (nothing allocated)."""
+        return self.abstract_variables(x)[0]
+
+    def abstract_variables(self, x: Array) -> tuple[PyTree, PyTree]:
+        """``(params, model_state)`` as ``ShapeDtypeStruct``s, from shapes alone."""
         boxed = jax.eval_shape(self._init_boxed, jax.random.key(0), x)
-        return self._params_state(nn.meta.unbox(boxed))[0]
+        return self._params_state(nn.meta.unbox(boxed))
 
     def _init_boxed(self, rng: Array, x: Array) -> dict[str, PyTree]:
         out = {}

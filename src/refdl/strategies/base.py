@@ -43,6 +43,7 @@ class Strategy(abc.ABC):
         self.task = task
         self.spec = spec
         self.devices = devices
+        self.batch_of: Any = None  # step -> global batch, set by the loop (for async workers)
 
     @property
     def primary(self) -> bool:
@@ -60,6 +61,10 @@ class Strategy(abc.ABC):
     def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
         """This rank's whole part of the run when it does not drive the loop."""
         raise NotImplementedError
+
+    def finish(self) -> None:
+        """Called once on every loop-driving rank after the summary (release helper ranks)."""
+        return None
 
     def host_template(self, seed: int) -> TrainState:
         """A host state with this strategy's checkpoint structure (for ``--resume``)."""

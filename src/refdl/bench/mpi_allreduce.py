@@ -1,0 +1,426 @@
+"""Allreduce (sum, float32) timed three ways under ``mpirun``: raw MPI, mpi4jax, faster mpi4jax.
+
+Run as::
+
+    mpirun -n 4 python -m refdl.bench.mpi_allreduce --out allreduce.json \\
+        [--sizes 4096,65536,...] [--repeats 20] [--variant naive,unordered,...]
+
+Variants (``raw`` is always timed: it is the reference of every ratio):
+
+- ``raw``: mpi4py ``comm.Allreduce`` on NumPy buffers, output preallocated once;
+- ``raw_loop``: ``raw`` K times back to back (ping-pong buffers, no barrier in between):
+  the reference for the ``*_loop`` variants;
+- ``naive``: ``mpi4jax.allreduce`` in a ``jax.jit`` function, called once per repeat,
+  ``block_until_ready`` on the result;
+- ``naive_np``: ``naive`` plus ``np.asarray`` of the result (the jax.Array -> NumPy step);
+- ``donate``: ``naive`` with ``donate_argnums=0`` (the result is the next input);
+- ``unordered``: the same mpi4jax FFI kernel, bound by a primitive *without* mpi4jax's
+  ordered effect, so jax dispatches the call through its C++ fast path;
+- ``loop`` / ``unordered_loop``: K chained allreduces in one jitted ``lax.fori_loop``
+  (carry donated), time / K: the dispatch and the buffer allocation are paid once per K.
+
+Every repeat: barrier, time the call, per rank; a repeat's time is the slowest rank's.
+Variants are interleaved (rotating order) within each size, so slow phases of a shared
+machine fall on all of them alike. Rank 0 writes the median / min seconds per op,
+the ratio to ``raw`` (and to ``raw_loop`` for the loop variants), and per-op minor page
+faults and context switches, which tell *why* a variant is slow.
+
+What the measurements on a 2-core VM showed (see the report that came with this file):
+
+1. mpi4jax primitives carry an *ordered effect*; jax then runs every call of the jitted
+   function through its Python dispatch path (runtime tokens, no C++ fast path): about
+   0.3-0.5 ms of CPU per call, several times more when 4 ranks share 2 cores. This is the
+   whole gap at <= 64 KiB. ``unordered`` and the ``*_loop`` variants remove it.
+2. Each call returns a fresh output buffer. glibc gives buffers above its mmap threshold
+   straight from / back to the kernel, so every call page-faults the output in again
+   (one minor fault per 4 KiB page, a few µs each in a VM): ~1000 faults at 4 MiB,
+   8192 at 32 MiB (OpenMPI's own 16 MiB scratch buffer adds 4096 to raw and mpi4jax alike).
+   This is most of the gap at >= 1 MiB. Fix: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1:
+   glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296``
+   (freed buffers stay mapped and are reused; THP where mapped), or keep the buffers
+   inside one jitted step (the ``*_loop`` variants).
+3. XLA's CPU thread settings (``--xla_cpu_multi_thread_eigen=false``), binding and
+   synchronous dispatch changed little beyond the noise of an oversubscribed machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KIB = 1024
+MIB = 1024 * KIB
+DEFAULT_SIZES: tuple[int, ...] = (4 * KIB, 64 * KIB, MIB, 4 * MIB, 32 * MIB)
+ALL_VARIANTS: tuple[str, ...] = (
+    "raw",
+    "raw_loop",
+    "naive",
+    "naive_np",
+    "donate",
+    "unordered",
+    "loop",
+    "unordered_loop",
+)
+DEFAULT_VARIANTS: tuple[str, ...] = ("raw", "naive", "unordered", "raw_loop", "loop")
+LOOP_BYTES = 64 * MIB  # a loop variant runs K = LOOP_BYTES // size allreduces (2 <= K <= 16)
+ENV_KEYS: tuple[str, ...] = (
+    "XLA_FLAGS",
+    "GLIBC_TUNABLES",
+    "MALLOC_ARENA_MAX",
+    "JAX_CPU_ENABLE_ASYNC_DISPATCH",
+    "OMP_NUM_THREADS",
+    "JAX_PLATFORMS",
+)
+
+
+def loop_count(nbytes: int) -> int:
+    """Allreduces per call in the loop variants: enough to amortise dispatch, bounded time."""
+    return max(2, min(16, LOOP_BYTES // max(nbytes, 1)))
+
+
+@dataclass
+class Timing:
+    """Per-rank samples of one variant at one size (seconds per allreduce)."""
+
+    per_op: int
+    seconds: list[float] = field(default_factory=list)
+    minflt: int = 0  # minor page faults during the timed calls
+    nivcsw: int = 0  # involuntary context switches during the timed calls
+    nvcsw: int = 0  # voluntary context switches (sleeps) during the timed calls
+
+
+# ----------------------------------------------------------------------------------------
+# The unordered primitive: mpi4jax's own FFI kernel, without the ordered effect.
+# ----------------------------------------------------------------------------------------
+
+_UNORDERED_P: Any = None
+
+
+def _unordered_primitive() -> Any:
+    """A primitive lowering to mpi4jax's ``mpi_allreduce_ffi`` target with no jax effect.
+
+    mpi4jax threads an ordered-effect token through every MPI call so calls keep program
+    order across jitted functions; that token is also what sends each call through jax's
+    slow Python dispatch path. Here the kernel gets a fresh token made inside the
+    computation instead (``has_side_effect`` keeps XLA from dropping or merging it).
+    Safe when each jitted function has one MPI call or a data-dependent chain of them and
+    calls are consumed in order (``block_until_ready``, or a data dependency); it is a
+    measuring tool, not a general replacement for mpi4jax.
+    """
+    global _UNORDERED_P
+    if _UNORDERED_P is not None:
+        return _UNORDERED_P
+    import jax
+    import mpi4jax  # noqa: F401  (registers the FFI targets)
+    from jax.core import ShapedArray
+    from jax.extend.core import Primitive
+    from jax.extend.mlir.dialects import stablehlo as hlo
+    from jax.interpreters import mlir
+    from mpi4jax._src.jax_compat import abstract_token
+    from mpi4jax._src.utils import get_default_comm, to_dtype_handle, to_mpi_handle
+    from mpi4py import MPI
+
+    prim = Primitive("refdl_unordered_allreduce_sum")
+
+    def impl(x: Any) -> Any:
+        raise NotImplementedError("refdl_unordered_allreduce_sum runs inside jax.jit only")
+
+    def abstract(x: Any) -> Any:
+        return ShapedArray(x.shape, x.dtype)
+
+    def lowering(ctx: Any, x: Any) -> list[Any]:
+        (aval,) = ctx.avals_in
+        token = hlo.create_token()
+        ctx_tok = ctx.replace(
+            avals_in=(aval, abstract_token), avals_out=(*ctx.avals_out, abstract_token)
+        )
+        rule = jax.ffi.ffi_lowering("mpi_allreduce_ffi", has_side_effect=True)
+        out = rule(
+            ctx_tok,
+            x,
+            token,
+            nitems=np.int64(np.prod(aval.shape, dtype=np.int64)),
+            op=np.int64(to_mpi_handle(MPI.SUM)),
+            comm=np.int64(to_mpi_handle(get_default_comm())),
+            dtype=np.int64(to_dtype_handle(aval.dtype)),
+        )
+        return [out[0]]
+
+    prim.def_impl(impl)
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    _UNORDERED_P = prim
+    return prim
+
+
+def unordered_allreduce(x: Any) -> Any:
+    """Sum-allreduce of ``x`` over mpi4jax's default communicator, without ordering token."""
+    return _unordered_primitive().bind(x)
+
+
+# ----------------------------------------------------------------------------------------
+# Variants: each returns (call, per_op, check) where call() runs one timed repeat.
+# ----------------------------------------------------------------------------------------
+
+
+Call = Callable[[], None]
+
+
+def _variant(name: str, n: int, comm: Any) -> tuple[Call, int, Call]:
+    """Build variant ``name`` for ``n`` float32 items: (timed call, ops per call, check)."""
+    import jax
+    import jax.numpy as jnp
+    import mpi4jax
+    from jax import lax
+    from mpi4py import MPI
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    k = loop_count(4 * n)
+    mine = np.full(n, rank + 1, np.float32)  # the check input: the sum is size(size+1)/2
+    total = size * (size + 1) / 2
+
+    def expect(got: Any, value: float) -> None:
+        got = np.asarray(got)
+        if not np.allclose(got[[0, -1]], value, rtol=1e-5):
+            raise AssertionError(f"{name}: allreduce gave {got[[0, -1]]}, expected {value}")
+
+    def ordered(x: Any) -> Any:
+        return mpi4jax.allreduce(x, op=MPI.SUM)
+
+    if name in ("raw", "raw_loop"):
+        send, recv = np.zeros(n, np.float32), np.empty(n, np.float32)
+        if name == "raw":
+
+            def call() -> None:
+                comm.Allreduce(send, recv, op=MPI.SUM)
+
+        else:
+
+            def call() -> None:
+                a, b = send, recv
+                for _ in range(k):
+                    comm.Allreduce(a, b, op=MPI.SUM)
+                    a, b = b, a
+
+        def check() -> None:
+            out = np.empty_like(mine)
+            comm.Allreduce(mine, out, op=MPI.SUM)
+            expect(out, total)
+
+        return call, (k if name == "raw_loop" else 1), check
+
+    if name in ("naive", "naive_np", "unordered"):
+        f = jax.jit(unordered_allreduce if name == "unordered" else ordered)
+        x = jnp.zeros(n, jnp.float32)
+        if name == "naive_np":
+
+            def call() -> None:
+                np.asarray(f(x))
+
+        else:
+
+            def call() -> None:
+                f(x).block_until_ready()
+
+        return call, 1, lambda: expect(f(jnp.asarray(mine)), total)
+
+    if name == "donate":
+        f = jax.jit(ordered, donate_argnums=0)
+        box = [jnp.zeros(n, jnp.float32)]
+
+        def call() -> None:
+            box[0] = f(box[0])
+            box[0].block_until_ready()
+
+        return call, 1, lambda: expect(f(jnp.asarray(mine)), total)
+
+    if name in ("loop", "unordered_loop"):
+        step = unordered_allreduce if name == "unordered_loop" else ordered
+
+        def chain(x: Any) -> Any:
+            return lax.fori_loop(0, k, lambda _, y: step(y), x)
+
+        f = jax.jit(chain, donate_argnums=0)
+        box = [jnp.zeros(n, jnp.float32)]
+
+        def call() -> None:
+            box[0] = f(box[0])
+            box[0].block_until_ready()
+
+        return call, k, lambda: expect(f(jnp.asarray(mine)), total * size ** (k - 1))
+
+    raise ValueError(f"unknown variant {name!r}; choose from {', '.join(ALL_VARIANTS)}")
+
+
+# ----------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------
+
+
+def time_size(
+    nbytes: int, variants: Sequence[str], repeats: int, warmup: int, comm: Any
+) -> dict[str, Timing]:
+    """Time all ``variants`` at ``nbytes``, interleaved, each repeat after a barrier."""
+    n = nbytes // 4
+    built = {v: _variant(v, n, comm) for v in variants}
+    for _, _, check in built.values():
+        check()  # also compiles
+    out = {v: Timing(per_op=built[v][1]) for v in variants}
+    order = list(variants)
+    for rep in range(warmup + repeats):
+        shift = rep % len(order)
+        for v in order[shift:] + order[:shift]:
+            call, per_op, _ = built[v]
+            comm.Barrier()
+            u0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            u1 = resource.getrusage(resource.RUSAGE_SELF)
+            if rep >= warmup:
+                t = out[v]
+                t.seconds.append((t1 - t0) / per_op)
+                t.minflt += u1.ru_minflt - u0.ru_minflt
+                t.nivcsw += u1.ru_nivcsw - u0.ru_nivcsw
+                t.nvcsw += u1.ru_nvcsw - u0.ru_nvcsw
+    return out
+
+
+def summarize(nbytes: int, per_rank: list[dict[str, Timing]]) -> dict[str, Any]:
+    """Across ranks: a repeat takes as long as its slowest rank; then median and min."""
+    result: dict[str, Any] = {"bytes": nbytes, "items": nbytes // 4, "variants": {}}
+    for v, first in per_rank[0].items():
+        slowest = np.max([r[v].seconds for r in per_rank], axis=0)
+        ops = first.per_op * len(first.seconds) * len(per_rank)
+        result["variants"][v] = {
+            "median_s": float(np.median(slowest)),
+            "min_s": float(np.min(slowest)),
+            "mean_s": float(np.mean(slowest)),
+            "repeats": len(slowest),
+            "allreduces_per_call": first.per_op,
+            "minor_faults_per_op": sum(r[v].minflt for r in per_rank) / ops,
+            "involuntary_switches_per_op": sum(r[v].nivcsw for r in per_rank) / ops,
+            "voluntary_switches_per_op": sum(r[v].nvcsw for r in per_rank) / ops,
+        }
+    stats = result["variants"]
+    for v, s in stats.items():
+        ref = "raw_loop" if v.endswith("loop") and "raw_loop" in stats else "raw"
+        s["ratio_median_vs_raw"] = s["median_s"] / stats["raw"]["median_s"]
+        s["ratio_min_vs_raw"] = s["min_s"] / stats["raw"]["min_s"]
+        if ref == "raw_loop":
+            s["ratio_median_vs_raw_loop"] = s["median_s"] / stats["raw_loop"]["median_s"]
+    return result
+
+
+def _meta(comm: Any, sizes: Sequence[int], variants: Sequence[str], args: Any) -> dict:
+    import jax
+    import mpi4jax
+    import mpi4py
+    from mpi4py import MPI
+
+    affinity = comm.gather(sorted(os.sched_getaffinity(0)), root=0)
+    return {
+        "ranks": comm.Get_size(),
+        "sizes_bytes": list(sizes),
+        "variants": list(variants),
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "loop_allreduces": {str(s): loop_count(s) for s in sizes},
+        "timing": "per repeat: barrier, then the call; a repeat's time is the slowest rank's; "
+        "loop variants divide by their allreduces per call",
+        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+        "cpu_affinity_per_rank": affinity,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "mpi4jax": mpi4jax.__version__,
+            "mpi4py": mpi4py.__version__,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        },
+    }
+
+
+def _table(results: list[dict[str, Any]], variants: Sequence[str]) -> str:
+    head = f"{'bytes':>10} " + " ".join(f"{v:>22}" for v in variants)
+    lines = [head, " " * 11 + " ".join(f"{'median ms (x raw)':>22}" for _ in variants)]
+    for r in results:
+        cells = []
+        for v in variants:
+            s = r["variants"][v]
+            cells.append(f"{s['median_s'] * 1e3:10.3f} ({s['ratio_median_vs_raw']:6.2f}x)")
+        lines.append(f"{r['bytes']:>10} " + " ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command line: output file, sizes in bytes, repeats, variants."""
+    p = argparse.ArgumentParser(prog="python -m refdl.bench.mpi_allreduce", description=__doc__)
+    p.add_argument("--out", required=True, type=Path, help="JSON file written by rank 0")
+    p.add_argument(
+        "--sizes",
+        default=",".join(str(s) for s in DEFAULT_SIZES),
+        help="comma-separated message sizes in bytes (multiples of 4)",
+    )
+    p.add_argument("--repeats", type=int, default=15, help="timed repeats per size and variant")
+    p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
+    p.add_argument(
+        "--variant",
+        action="append",
+        help=f"variant(s), comma-separated or repeated; from {', '.join(ALL_VARIANTS)}, "
+        f"or 'all' (default {','.join(DEFAULT_VARIANTS)}); raw is always included",
+    )
+    args = p.parse_args(argv)
+    args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    if any(s <= 0 or s % 4 for s in args.sizes):
+        p.error("--sizes must be positive multiples of 4 bytes")
+    names = [v.strip() for a in args.variant or DEFAULT_VARIANTS for v in a.split(",")]
+    names = list(ALL_VARIANTS) if "all" in names else names
+    unknown = sorted(set(names) - set(ALL_VARIANTS))
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; choose from {', '.join(ALL_VARIANTS)}")
+    args.variants = ["raw", *[v for v in ALL_VARIANTS if v in names and v != "raw"]]
+    if args.repeats < 1 or args.warmup < 0:
+        p.error("--repeats must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Time every size and variant; rank 0 prints a table and writes the JSON."""
+    args = parse_args(argv)
+    os.environ.setdefault("MPI4JAX_NO_WARN_JAX_VERSION", "1")
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    results: list[dict[str, Any]] = []
+    if rank == 0:
+        print("\n".join(_table([], args.variants).splitlines()[:2]), flush=True)
+    for nbytes in args.sizes:
+        mine = time_size(nbytes, args.variants, args.repeats, args.warmup, comm)
+        gathered = comm.gather(mine, root=0)
+        if rank == 0:
+            results.append(summarize(nbytes, gathered))
+            print(_table(results[-1:], args.variants).splitlines()[-1], flush=True)
+    meta = _meta(comm, args.sizes, args.variants, args)
+    if rank == 0:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
