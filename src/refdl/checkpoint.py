@@ -132,3 +132,13 @@ def restore(path: str | Path, like: TrainState) -> TrainState:
     ]
     arrays = [np.asarray(restored[f"leaf_{i:05d}"]) for i in range(len(leaves))]
     return jax.tree.unflatten(jax.tree.structure(like), arrays)
+
+
+def load_leaves(path: str | Path) -> dict[str, np.ndarray]:
+    """Every saved array keyed by its tree path (``.params['00_conv']['kernel']``, ...), from a
+    checkpoint or run folder: for comparing runs whose state structures differ."""
+    ocp, ck = _checkpointer()
+    path = resolve(path).absolute()
+    names = read_meta(path)["tree_paths"]
+    raw = ck.restore(path, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    return {name: np.asarray(raw[f"leaf_{i:05d}"]) for i, name in enumerate(names)}

