@@ -1,10 +1,21 @@
-"""``python -m refdl.predict``: predictions from hardware profiles and the alpha-beta model.
+"""``python -m refdl.predict``: predictions from hardware profiles and the performance model.
 
+    .venv/bin/python -m refdl.predict --hw p100-nvlink --strategy data --model resnet50 \\
+        --batch-size 64 --workers 1,2,4,8,16 --json
+    .venv/bin/python -m refdl.predict --hw p100-nvlink-roce25 --strategy data \\
+        --model vgg16 --batch-size 32 --scaling weak --workers 1,8,64,512 --plot vgg.png
     .venv/bin/python -m refdl.predict collective --op allreduce --algo ring \\
         --hw p100-nvlink --workers 4 --bytes 67108864 --json
     .venv/bin/python -m refdl.predict profiles
+    .venv/bin/python -m refdl.predict models
 
-(Step-time predictions per strategy are not implemented yet.)
+For each worker count P the step prediction gives ``step_time_s`` = compute +
+communication + bubble (no overlap unless ``--overlap``), ``throughput``
+(samples/s), ``speedup`` = throughput_P / throughput_1 and ``efficiency`` =
+speedup / P (Jäger et al.'s definitions), and ``memory_bytes`` per device.
+``--batch-size`` is the global batch (``--scaling strong``, default, as in
+refdl.train) or the batch per worker (``--scaling weak``, as Horovod, Goyal et
+al. and PowerAI report).
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 PROG = "refdl.predict"
 
@@ -23,7 +34,199 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
+
+
+def predict_steps(
+    hw_name: str,
+    strategy: str,
+    model: str,
+    batch_size: int,
+    workers: list[int],
+    scaling: str = "strong",
+    opts: Any = None,
+) -> list[dict[str, Any]]:
+    """The prediction rows for each worker count (see the module docstring)."""
+    from refdl import hw
+    from refdl.errors import UsageError
+    from refdl.perf import PredictOptions
+    from refdl.perf.shapes import model_cost
+    from refdl.strategies import STRATEGIES
+
+    profile = hw.load(hw_name)
+    cls = STRATEGIES.get(strategy)
+    if scaling not in ("strong", "weak"):
+        raise UsageError(f"--scaling {scaling!r}: choose strong or weak")
+    if batch_size <= 0 or any(w <= 0 for w in workers):
+        raise UsageError("--batch-size and --workers must be > 0")
+    opts = opts or PredictOptions()
+    m = model_cost(model)
+    rows: list[dict[str, Any]] = []
+    base = None
+    for w in workers:
+        batch = batch_size * w if scaling == "weak" else batch_size
+        if (strategy == "ps" and w == 1) or (
+            strategy != "single" and w == 1 and strategy != "pipeline"
+        ):
+            c = STRATEGIES.get("single").predict_cost(m, profile, batch, 1, opts)
+        else:
+            c = cls.predict_cost(m, profile, batch, w, opts)
+        throughput = batch / c.step_time_s
+        if base is None:
+            base = (w, throughput)
+        speedup = throughput / base[1] * base[0]
+        rows.append(
+            {
+                "hw": profile.name,
+                "strategy": strategy,
+                "model": model,
+                "workers": w,
+                "global_batch": batch,
+                "step_time_s": c.step_time_s,
+                "compute_s": c.compute_s,
+                "comm_s": c.comm_s,
+                "bubble_s": c.bubble_s,
+                "throughput": throughput,
+                "speedup": speedup,
+                "efficiency": speedup / w,
+                "memory_bytes": c.memory_bytes,
+                "flops_per_device": c.flops,
+                "params": m.params,
+            }
+        )
+    return rows
+
+
+def _step_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"python -m {PROG}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--hw", required=True, help="profile name or .toml path")
+    p.add_argument("--strategy", default="data")
+    p.add_argument("--model", required=True, help="a shape-only model or a refdl model")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", default="1,2,4,8", help="a list like 1,2,4,8")
+    p.add_argument("--scaling", default="strong", help="strong (global batch) or weak")
+    p.add_argument("--allreduce", default="ring")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--chunks", type=int, default=1)
+    p.add_argument("--mesh", help="hybrid: data=..,model=..,pipe=.. (default model=2)")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--ps-mode", default="sync")
+    p.add_argument("--topology", default="ring")
+    p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
+    p.add_argument("--overlap", type=float, default=0.0, help="share of compute comm can hide")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
+    return p
+
+
+def _step_main(argv: list[str]) -> int:
+    args = _step_parser().parse_args(argv)
+    from refdl.errors import UsageError
+    from refdl.perf import PredictOptions
+
+    try:
+        workers = _ints(args.workers)
+        if not 0 <= args.overlap <= 1:
+            raise UsageError(f"--overlap must be in [0, 1] (got {args.overlap})")
+        words = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+        if args.optimizer not in words:
+            raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
+        opts = PredictOptions(
+            allreduce=args.allreduce,
+            microbatches=args.microbatches,
+            schedule=args.schedule,
+            chunks=args.chunks,
+            mesh=args.mesh,
+            servers=args.servers,
+            ps_mode=args.ps_mode,
+            topology=args.topology,
+            optimizer_words=words[args.optimizer],
+            overlap=args.overlap,
+        )
+        rows = predict_steps(
+            args.hw, args.strategy, args.model, args.batch_size, workers, args.scaling, opts
+        )
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot_scaling(rows, args.plot)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(
+        f"{args.model} / {args.strategy} on {rows[0]['hw']} ({args.scaling} scaling, "
+        f"{rows[0]['params'] / 1e6:.2f} M parameters)"
+    )
+    print(
+        f"{'P':>5s} {'batch':>6s} {'step ms':>9s} {'compute':>9s} {'comm':>9s} {'bubble':>8s} "
+        f"{'samples/s':>10s} {'speedup':>8s} {'eff':>6s} {'mem GB':>7s}"
+    )
+    for r in rows:
+        print(
+            f"{r['workers']:5d} {r['global_batch']:6d} {r['step_time_s'] * 1e3:9.3f} "
+            f"{r['compute_s'] * 1e3:9.3f} {r['comm_s'] * 1e3:9.3f} {r['bubble_s'] * 1e3:8.3f} "
+            f"{r['throughput']:10.1f} {r['speedup']:8.2f} {r['efficiency']:6.2f} "
+            f"{r['memory_bytes'] / 1e9:7.2f}"
+        )
+    return 0
+
+
+def plot_scaling(rows: list[dict[str, Any]], path: str) -> None:
+    """Speed-up and efficiency against P, with the ideal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ps = [r["workers"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.loglog(ps, [r["speedup"] for r in rows], "o-", label="predicted")
+    a.loglog(ps, ps, "k--", lw=0.8, label="ideal")
+    a.set_xlabel("workers")
+    a.set_ylabel("speed-up")
+    a.legend()
+    b.semilogx(ps, [r["efficiency"] for r in rows], "o-")
+    b.set_ylim(0, 1.05)
+    b.set_xlabel("workers")
+    b.set_ylabel("efficiency")
+    r0 = rows[0]
+    fig.suptitle(f"{r0['model']} / {r0['strategy']} on {r0['hw']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _ints(text: str) -> list[int]:
+    from refdl.errors import UsageError
+
+    try:
+        out = [int(w) for w in str(text).split(",") if w.strip()]
+    except ValueError:
+        raise UsageError(f"--workers {text!r}: give integers like 4 or 1,2,4") from None
+    if not out:
+        raise UsageError("--workers: give at least one worker count")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "models":
+        from refdl.models import MODELS
+        from refdl.perf.shapes import SHAPE_MODELS
+
+        for name in SHAPE_MODELS.names():
+            print(f"{name:16s} {SHAPE_MODELS.get(name).doc} (shape-only)")
+        for name in MODELS.names():
+            print(f"{name:16s} {MODELS.get(name).doc} (refdl model, default data set)")
+        return 0
+    if not argv or argv[0] not in ("collective", "profiles", "-h", "--help"):
+        return _step_main(argv)
     p = _Parser(
         prog=f"python -m {PROG}",
         description=__doc__,
@@ -50,10 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:22s} {hw.load(name).description}")
             return 0
         profile = hw.load(args.hw)
-        try:
-            workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
-        except ValueError:
-            raise UsageError(f"--workers {args.workers!r}: give integers like 4 or 1,2,4") from None
+        workers = _ints(args.workers)
         rows = []
         for w in workers:
             link = profile.link(w)

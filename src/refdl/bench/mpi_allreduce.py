@@ -268,17 +268,27 @@ def _variant(name: str, n: int, comm: Any) -> tuple[Call, int, Call]:
 # ----------------------------------------------------------------------------------------
 
 
-def cpu_steal_seconds() -> float | None:
-    """CPU time the hypervisor took from this VM so far (``/proc/stat``), None if unknown.
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """(busy, stolen) CPU seconds of the whole machine so far (``/proc/stat``), or None.
 
-    On a shared VM, stolen time shows up as multi-millisecond stalls of a spinning rank;
-    it is recorded per size so noisy runs can be told apart from real differences.
+    Busy minus what the ranks used themselves is CPU taken by other processes while we
+    timed: on a shared machine that, and time stolen by the hypervisor, show up as
+    multi-millisecond stalls of a spinning rank. Both are recorded per size so that noisy
+    runs can be told apart from real differences.
     """
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
         return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all threads."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def time_size(
@@ -422,16 +432,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         print("\n".join(_table([], args.variants).splitlines()[:2]), flush=True)
     for nbytes in args.sizes:
-        steal0, t0 = cpu_steal_seconds(), time.perf_counter()
+        comm.Barrier()
+        mach0, own0, t0 = machine_cpu_seconds(), process_cpu_seconds(), time.perf_counter()
         mine = time_size(nbytes, args.variants, args.repeats, args.warmup, comm)
-        steal1, t1 = cpu_steal_seconds(), time.perf_counter()
+        comm.Barrier()
+        mach1, own1, t1 = machine_cpu_seconds(), process_cpu_seconds(), time.perf_counter()
         gathered = comm.gather(mine, root=0)
+        own = comm.reduce(own1 - own0, op=MPI.SUM, root=0)
         if rank == 0:
             results.append(summarize(nbytes, gathered))
             results[-1]["wall_s"] = t1 - t0
-            if steal0 is not None and steal1 is not None:
-                results[-1]["cpu_steal_s"] = steal1 - steal0
-            print(_table(results[-1:], args.variants).splitlines()[-1], flush=True)
+            if mach0 is not None and mach1 is not None:
+                results[-1]["foreign_cpu_s"] = max(0.0, mach1[0] - mach0[0] - own)
+                results[-1]["stolen_cpu_s"] = mach1[1] - mach0[1]
+            line = _table(results[-1:], args.variants).splitlines()[-1]
+            foreign = results[-1].get("foreign_cpu_s", 0.0)
+            if foreign > 0.05 * results[-1]["wall_s"]:
+                line += f"  [other processes used {foreign:.1f} CPU-s: noisy]"
+            print(line, flush=True)
     meta = _meta(comm, args.sizes, args.variants, args)
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,17 @@ class Task:
             rng=jax.random.key_data(state_key),
         )
 
+    def abstract_state(self) -> TrainState:
+        """The state as ``ShapeDtypeStruct``s, from shapes alone (nothing allocated)."""
+        params, model_state = self.model.abstract_variables(jnp.asarray(self.sample_x))
+        return TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32),
+            params=params,
+            model_state=model_state,
+            opt_state=jax.eval_shape(self.optimizer.init, params),
+            rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
+        )
+
     def loss_fn(
         self, params: PyTree, model_state: PyTree, batch: Batch
     ) -> tuple[jax.Array, PyTree]:

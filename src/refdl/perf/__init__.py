@@ -35,6 +35,33 @@ def roofline_time(flops: float, bytes_accessed: float, hw: Hardware) -> float:
     return max(flops / hw.peak_flops, bytes_accessed / hw.memory_bandwidth)
 
 
+@dataclasses.dataclass(frozen=True)
+class PredictOptions:
+    """What a prediction assumes beyond model, hardware, batch and workers."""
+
+    allreduce: str = "ring"  # data: ring, tree, recursive-doubling, rabenseifner
+    microbatches: int = 4  # pipeline
+    schedule: str = "1f1b"  # pipeline: gpipe, 1f1b, interleaved
+    chunks: int = 1  # interleaved pipeline
+    mesh: str | None = None  # hybrid: data=..,model=..,pipe=.. (default: model=2, data=rest)
+    servers: int = 1  # ps
+    ps_mode: str = "sync"  # ps
+    topology: str = "ring"  # decentralized
+    optimizer_words: int = 1  # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
+    overlap: float = 0.0  # share of the step's compute that communication may hide behind
+
+
+def compute_time(flops: float, bytes_accessed: float, hw: Any) -> float:
+    """Roofline time plus the device's fixed per-step overhead (``step_overhead_s``, e.g.
+    kernel launches and host dispatch; 0 where the profile does not give one)."""
+    return roofline_time(flops, bytes_accessed, hw) + float(getattr(hw, "step_overhead_s", 0.0))
+
+
+def exposed(comm_s: float, compute_s: float, overlap: float) -> float:
+    """Communication left on the critical path when up to ``overlap x compute`` hides it."""
+    return max(0.0, comm_s - overlap * compute_s)
+
+
 def xla_cost(compiled: Any) -> tuple[float, float]:
     """``(flops, bytes accessed)`` from XLA's cost analysis of a compiled computation."""
     analysis = compiled.cost_analysis()

@@ -98,6 +98,14 @@ class Strategy(abc.ABC):
         """The full parameters on the host (for equivalence checks and evaluation)."""
         return self.gather_state(state).params
 
+    @classmethod
+    def predict_cost(
+        cls, model_cost: Any, hw: Hardware, batch: int, workers: int, opts: Any
+    ) -> CostBreakdown:
+        """The predicted cost of one step of a ``batch``-sample global batch on ``workers``
+        devices of ``hw`` (``refdl.perf.costs``); needs no devices, so works at paper scale."""
+        raise NotImplementedError(f"strategy {cls.name!r} has no cost model")
+
     def cost(self, hw: Hardware, batch: Batch) -> CostBreakdown:
         """The analytic cost of one step of ``batch`` on ``hw``."""
         raise NotImplementedError(f"strategy {self.name!r} has no cost model yet")

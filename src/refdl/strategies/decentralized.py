@@ -67,6 +67,12 @@ class Decentralized(Strategy):
 
     multiprocess = "mpi"
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.decentralized(model_cost, hw, batch, workers, opts)
+
     def __init__(self, task, spec, devices) -> None:
         super().__init__(task, spec, devices)
         if spec.mesh and MeshSpec.parse(spec.mesh, len(devices)).data != len(devices):

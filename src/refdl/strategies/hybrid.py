@@ -70,6 +70,12 @@ class Hybrid(Strategy):
 
     multiprocess = "spmd"
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.hybrid(model_cost, hw, batch, workers, opts)
+
     def __init__(self, task, spec, devices) -> None:
         super().__init__(task, spec, devices)
         self.mesh_spec = MeshSpec.parse(spec.mesh, len(devices))

@@ -20,6 +20,12 @@ from refdl.strategies.hybrid import Hybrid
 class ModelParallel(Hybrid):
     """All devices on the ``model`` axis (``--mesh`` defaults to ``model=<devices>``)."""
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.tensor(model_cost, hw, batch, workers, opts)
+
     def __init__(self, task, spec, devices) -> None:
         if spec.mesh is None:
             spec = dataclasses.replace(spec, mesh=f"model={len(devices)}")

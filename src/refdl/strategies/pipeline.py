@@ -73,6 +73,12 @@ def balance(costs: list[int], parts: int) -> list[int]:
 class Pipeline(Strategy):
     """GPipe, 1F1B or interleaved 1F1B over ``--stages`` devices, executed from the table."""
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.pipeline(model_cost, hw, batch, workers, opts)
+
     def __init__(
         self, task, spec, devices, mesh_spec: MeshSpec | None = None, rules: dict | None = None
     ) -> None:

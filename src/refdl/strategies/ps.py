@@ -157,6 +157,12 @@ class ParameterServer(Strategy):
 
     multiprocess = "mpi"
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.ps(model_cost, hw, batch, workers, opts)
+
     def __init__(self, task, spec, devices) -> None:
         super().__init__(task, spec, devices)
         if spec.mesh or spec.allreduce != "xla" or spec.compress or spec.preset:

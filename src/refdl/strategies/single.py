@@ -18,6 +18,12 @@ from refdl.strategies.base import Batch, Strategy, register
 class Single(Strategy):
     """``Task.step`` jitted on one device; no communication."""
 
+    @classmethod
+    def predict_cost(cls, model_cost, hw, batch, workers, opts):
+        from refdl.perf import costs
+
+        return costs.single(model_cost, hw, batch, workers, opts)
+
     def __init__(self, task, spec, devices) -> None:
         if len(devices) != 1:
             raise UsageError(

@@ -1,0 +1,166 @@
+"""Step-cost formulas of each strategy, from a model's cost and a hardware profile.
+
+Each strategy class exposes its formula as ``Strategy.predict_cost`` (so a new
+strategy brings its own); the formulas live here side by side so they can be
+read and compared. Conventions: ``batch`` is the global batch of one step,
+``workers`` the devices (ranks) it runs on; compute is the roofline of XLA's
+FLOPs and bytes for the work one device does (``refdl.perf.compute_time``);
+communication is alpha-beta (``refdl.perf.collectives``) on the link the
+profile gives for that many workers; compute and communication do not overlap
+unless ``PredictOptions.overlap`` says so (Horovod-style overlap hides at most
+that share of the compute). Memory per device is parameters + gradients +
+optimizer words, plus the activations kept for the backward pass.
+"""
+
+from __future__ import annotations
+
+from refdl.comm.topology import adjacency
+from refdl.errors import UsageError
+from refdl.mesh import MeshSpec
+from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
+from refdl.perf.collectives import ALLREDUCE, allreduce_ring, neighbour_exchange, ps_push_pull
+from refdl.perf.shapes import ModelCost
+from refdl.pipeline.schedule import analytic_bubble
+
+ALLREDUCE_ALIASES = {"xla": "ring", "halving-doubling": "rabenseifner"}
+
+
+def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> float:
+    """Parameters, gradients and optimizer words per device, for a 1/shard share."""
+    return (2 + opts.optimizer_words) * m.param_bytes / shard
+
+
+def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """The whole step on one device: roofline compute, no communication."""
+    if workers != 1:
+        raise UsageError("--strategy single runs on 1 worker; use --workers 1")
+    t = compute_time(m.flops(batch), m.bytes(batch), hw)
+    mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
+    return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
+
+
+def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
+    b = batch / workers
+    t = compute_time(m.flops(b), m.bytes(b), hw)
+    algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
+    if algo not in ALLREDUCE:
+        raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
+    comm = ALLREDUCE[algo](m.param_bytes, workers, hw.link(workers).alpha_beta())
+    wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
+    mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(comm, t, opts.overlap),
+        memory_bytes=int(mem),
+        flops=m.flops(b),
+        comm_bytes=wire,
+    )
+
+
+def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """Every layer split P ways: 1/P of the compute and state, and per layer two
+    allreduces (forward, backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
+    t = compute_time(m.flops(batch) / workers, m.bytes(batch) / workers, hw)
+    link = hw.link(workers).alpha_beta()
+    comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
+    mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
+    return CostBreakdown(
+        compute_s=t, comm_s=exposed(comm, t, opts.overlap), memory_bytes=int(mem),
+        flops=m.flops(batch) / workers,
+    )  # fmt: skip
+
+
+def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """P balanced stages, M microbatches: each stage computes 1/P of the step; the bubble
+    is the schedule table's idle share ``f`` (``bubble_s = compute * f / (1 - f)``); two
+    point-to-point messages (activation, gradient) of B/M boundary samples per slot."""
+    p, mb = workers, opts.microbatches
+    v = opts.chunks if opts.schedule == "interleaved" else 1
+    if batch % mb:
+        raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
+    t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw)
+    f = analytic_bubble(opts.schedule, p, mb, v) if p > 1 else 0.0
+    link = hw.link(2).alpha_beta()
+    slots = mb * v + p - 1
+    msg = (batch / mb) * m.boundary_bytes_per_sample
+    comm = 2 * slots * (link.alpha + msg * link.beta) if p > 1 else 0.0
+    stash = (mb if opts.schedule == "gpipe" else min(p, mb)) * (batch / mb)
+    mem = _state_bytes(m, opts, p) + stash * m.activation_bytes_per_sample / p
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(comm, t, opts.overlap),
+        bubble_s=t * f / (1 - f),
+        memory_bytes=int(mem),
+        flops=m.flops(batch) / p,
+        comm_bytes=2 * mb * (p - 1) * msg,
+    )
+
+
+def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
+    allreduce of each replica's 1/(model x pipe) share of the gradients."""
+    mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
+    d, tp, pp = mesh.data, mesh.model, mesh.pipe
+    b = batch / d
+    t = compute_time(m.flops(b) / (tp * pp), m.bytes(b) / (tp * pp), hw)
+    link_tp = hw.link(tp).alpha_beta()
+    tp_comm = 2 * m.layers / pp * allreduce_ring(b * m.boundary_bytes_per_sample, tp, link_tp)
+    dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, hw.link(workers).alpha_beta())
+    bubble = 0.0
+    if pp > 1:
+        f = analytic_bubble(opts.schedule, pp, opts.microbatches, 1)
+        bubble = t * f / (1 - f)
+    mem = _state_bytes(m, opts, tp * pp) + b * m.activation_bytes_per_sample / pp
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(tp_comm + dp_comm, t, opts.overlap),
+        bubble_s=bubble,
+        memory_bytes=int(mem),
+        flops=m.flops(b) / (tp * pp),
+    )
+
+
+def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """W workers compute B/W each; push gradients and pull parameters through K servers.
+    Sync: compute, then push/pull (each server's link carries W/K of the traffic). Async
+    and SSP without stragglers: a worker's own push/pull is on its path, and the servers'
+    links bound the rate (Ben-Nun & Hoefler 2019, section 7.1)."""
+    k = opts.servers
+    b = batch / workers
+    t = compute_time(m.flops(b), m.bytes(b), hw)
+    link = hw.link(workers + k).alpha_beta()
+    sync = ps_push_pull(m.param_bytes, workers, link, k)
+    if opts.ps_mode == "sync":
+        comm = sync
+    else:
+        own = 2 * (link.alpha + m.param_bytes * link.beta)
+        comm = max(own, sync - t)
+    mem = _state_bytes(m, PredictOptions(optimizer_words=0)) + b * m.activation_bytes_per_sample
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(comm, t, opts.overlap),
+        memory_bytes=int(mem),
+        flops=m.flops(b),
+        comm_bytes=2 * workers * m.param_bytes if workers > 0 else 0,
+    )
+
+
+def decentralized(
+    m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions
+) -> CostBreakdown:
+    """Each worker computes B/P, then sends its replica to each graph neighbour through
+    its one link (serialised: ``d (alpha + n beta)``, d the mean degree)."""
+    b = batch / workers
+    t = compute_time(m.flops(b), m.bytes(b), hw)
+    degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
+    link = hw.link(workers).alpha_beta()
+    comm = degree * neighbour_exchange(m.param_bytes, 1, link) if workers > 1 else 0.0
+    mem = _state_bytes(m, opts) + m.param_bytes + b * m.activation_bytes_per_sample
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(comm, t, opts.overlap),
+        memory_bytes=int(mem),
+        flops=m.flops(b),
+        comm_bytes=degree * workers * m.param_bytes,
+    )
