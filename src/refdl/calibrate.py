@@ -63,6 +63,47 @@ def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
     return 2 * nbytes / _best(step, repeats=9)
 
 
+def dispatch_time(repeats: int = 200) -> float:
+    """Median host time of calling a compiled step that does almost nothing."""
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x: x + 1.0)
+    x = jnp.ones(16, jnp.float32)
+    f(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def op_overhead(short: int = 10, long: int = 400) -> float:
+    """Fixed cost per executed operation: the slope of the time of a chain of dependent,
+    unfusable tiny operations (8x8 products) against the chain's length."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(k):
+        def f(x):
+            for _ in range(k):
+                x = jnp.sin(x) @ x
+            return x
+
+        g = jax.jit(f)
+        x = jnp.full((8, 8), 0.1, jnp.float32)
+        g(x).block_until_ready()
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            g(x).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    return max((chain(long) - chain(short)) / (2 * (long - short)), 0.0)
+
+
 def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
     """α, β from ring allreduce times on 2 ranks, ``t = 2α + nβ``: α from the smallest
     message, β from the slope between the smallest and the largest (a two-point fit:
@@ -174,7 +215,12 @@ def calibrate(name: str = "local") -> dict:
             "peak_flops": {"float32": fp32, "bfloat16": bf16},
             "memory_bandwidth": memory_bandwidth(),
             "memory_bytes": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-            "source": f"refdl.hw calibrate {when}: best jitted 2048^3 matmul; jitted 256 MiB copy",
+            "source": f"refdl.hw calibrate {when}: best jitted 2048^3 matmul; jitted 256 MiB "
+            "copy; median call of a trivial jitted step; slope of a chain of tiny ops; the "
+            "simulated devices share the host's cores",
+            "dispatch_s": dispatch_time(),
+            "op_overhead_s": op_overhead(),
+            "shared_cores": True,
         },
         "links": links,
     }

@@ -43,6 +43,10 @@ class DeviceSpec:
     memory_bandwidth: float
     memory_bytes: float
     source: str
+    # Optional, measured by calibration (0 / False when a profile does not give them):
+    dispatch_s: float = 0.0  # host time to launch one compiled step (a jitted call)
+    op_overhead_s: float = 0.0  # fixed time per executed operation (kernel / thunk)
+    shared_cores: bool = False  # several devices share one host's cores (simulated devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,20 @@ def _positive(raw: dict, key: str, where: str, path: str) -> float:
     return float(value)
 
 
+def _nonneg(raw: dict, key: str, path: str) -> float:
+    value = raw.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise UsageError(f"hardware profile {path}: key device.{key} must be a number >= 0")
+    return float(value)
+
+
+def _flag(raw: dict, key: str, path: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise UsageError(f"hardware profile {path}: key device.{key} must be true or false")
+    return value
+
+
 def _text(raw: dict, key: str, where: str, path: str) -> str:
     value = raw.get(key)
     if not isinstance(value, str) or not value.strip():
@@ -112,6 +130,9 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         memory_bandwidth=_positive(dev, "memory_bandwidth", "device.", path),
         memory_bytes=_positive(dev, "memory_bytes", "device.", path),
         source=_text(dev, "source", "device.", path),
+        dispatch_s=_nonneg(dev, "dispatch_s", path),
+        op_overhead_s=_nonneg(dev, "op_overhead_s", path),
+        shared_cores=_flag(dev, "shared_cores", path),
     )
     links_raw = raw.get("links")
     if not isinstance(links_raw, dict) or not links_raw:
@@ -195,6 +216,11 @@ def dumps(profile: HardwareProfile) -> str:
         f"memory_bytes = {d.memory_bytes!r}",
         f"source = {value(d.source)}",
     ]
+    for key in ("dispatch_s", "op_overhead_s"):
+        if getattr(d, key):
+            lines.append(f"{key} = {getattr(d, key)!r}")
+    if d.shared_cores:
+        lines.append("shared_cores = true")
     for name, lk in profile.links.items():
         lines += ["", f"[links.{name}]"]
         lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)]

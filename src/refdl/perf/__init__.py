@@ -49,12 +49,27 @@ class PredictOptions:
     topology: str = "ring"  # decentralized
     optimizer_words: int = 1  # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     overlap: float = 0.0  # share of the step's compute that communication may hide behind
+    link: str | None = None  # force the profile's "intra" or "inter" link (default: by size)
 
 
-def compute_time(flops: float, bytes_accessed: float, hw: Any) -> float:
-    """Roofline time plus the device's fixed per-step overhead (``step_overhead_s``, e.g.
-    kernel launches and host dispatch; 0 where the profile does not give one)."""
-    return roofline_time(flops, bytes_accessed, hw) + float(getattr(hw, "step_overhead_s", 0.0))
+def compute_time(
+    flops: float,
+    bytes_accessed: float,
+    hw: Any,
+    ops: int = 0,
+    calls: int = 1,
+    sharing: int = 1,
+) -> float:
+    """Time of one device's share of a step: the roofline of its FLOPs and bytes plus
+    ``ops`` x the device's per-operation overhead, times ``sharing`` when that many
+    devices share one host's cores (simulated devices), plus ``calls`` host dispatches.
+    The overheads are 0 where a profile does not give them (``refdl.hw calibrate``
+    measures them)."""
+    dev = getattr(hw, "device", None)
+    op_s = getattr(dev, "op_overhead_s", 0.0)
+    dispatch = getattr(dev, "dispatch_s", 0.0)
+    share = sharing if getattr(dev, "shared_cores", False) else 1
+    return (roofline_time(flops, bytes_accessed, hw) + ops * op_s) * share + calls * dispatch
 
 
 def exposed(comm_s: float, compute_s: float, overlap: float) -> float:

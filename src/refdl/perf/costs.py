@@ -25,6 +25,15 @@ from refdl.pipeline.schedule import analytic_bubble
 ALLREDUCE_ALIASES = {"xla": "ring", "halving-doubling": "rabenseifner"}
 
 
+def _link(hw, workers: int, opts: PredictOptions):
+    """The alpha-beta link for ``workers`` ranks: the profile's choice, or ``opts.link``."""
+    if opts.link is not None:
+        if opts.link not in hw.links:
+            raise UsageError(f"profile {hw.name} has no {opts.link!r} link")
+        return hw.links[opts.link].alpha_beta()
+    return hw.link(workers).alpha_beta()
+
+
 def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> float:
     """Parameters, gradients and optimizer words per device, for a 1/shard share."""
     return (2 + opts.optimizer_words) * m.param_bytes / shard
@@ -34,7 +43,7 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     """The whole step on one device: roofline compute, no communication."""
     if workers != 1:
         raise UsageError("--strategy single runs on 1 worker; use --workers 1")
-    t = compute_time(m.flops(batch), m.bytes(batch), hw)
+    t = compute_time(m.flops(batch), m.bytes(batch), hw, ops=m.ops)
     mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
     return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
 
@@ -42,11 +51,11 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw)
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers)
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
-    comm = ALLREDUCE[algo](m.param_bytes, workers, hw.link(workers).alpha_beta())
+    comm = ALLREDUCE[algo](m.param_bytes, workers, _link(hw, workers, opts))
     wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
     mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample
     return CostBreakdown(
@@ -61,8 +70,10 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and per layer two
     allreduces (forward, backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
-    t = compute_time(m.flops(batch) / workers, m.bytes(batch) / workers, hw)
-    link = hw.link(workers).alpha_beta()
+    t = compute_time(
+        m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers
+    )
+    link = _link(hw, workers, opts)
     comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
     mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
     return CostBreakdown(
@@ -79,9 +90,17 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     v = opts.chunks if opts.schedule == "interleaved" else 1
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
-    t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw)
+    # The host executor launches one call per forward/backward of a microbatch on a stage
+    # chunk, plus one optimizer update per stage; each runs the ops of 1/(p v) of the model.
+    calls = 2 * mb * p * v + p
+    per_call_ops = m.ops / (p * v)
+    t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw, sharing=p)
+    t += compute_time(0, 0, hw, ops=per_call_ops, calls=0, sharing=p) * 2 * mb * v
+    t += compute_time(0, 0, hw, calls=calls) - compute_time(0, 0, hw, calls=0)
     f = analytic_bubble(opts.schedule, p, mb, v) if p > 1 else 0.0
-    link = hw.link(2).alpha_beta()
+    if getattr(getattr(hw, "device", None), "shared_cores", False):
+        f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
+    link = _link(hw, 2, opts)
     slots = mb * v + p - 1
     msg = (batch / mb) * m.boundary_bytes_per_sample
     comm = 2 * slots * (link.alpha + msg * link.beta) if p > 1 else 0.0
@@ -103,10 +122,10 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
     d, tp, pp = mesh.data, mesh.model, mesh.pipe
     b = batch / d
-    t = compute_time(m.flops(b) / (tp * pp), m.bytes(b) / (tp * pp), hw)
-    link_tp = hw.link(tp).alpha_beta()
+    t = compute_time(m.flops(b) / (tp * pp), m.bytes(b) / (tp * pp), hw, ops=m.ops, sharing=workers)
+    link_tp = _link(hw, tp, opts)
     tp_comm = 2 * m.layers / pp * allreduce_ring(b * m.boundary_bytes_per_sample, tp, link_tp)
-    dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, hw.link(workers).alpha_beta())
+    dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, _link(hw, workers, opts))
     bubble = 0.0
     if pp > 1:
         f = analytic_bubble(opts.schedule, pp, opts.microbatches, 1)
@@ -128,8 +147,8 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     links bound the rate (Ben-Nun & Hoefler 2019, section 7.1)."""
     k = opts.servers
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw)
-    link = hw.link(workers + k).alpha_beta()
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k)
+    link = _link(hw, workers + k, opts)
     sync = ps_push_pull(m.param_bytes, workers, link, k)
     if opts.ps_mode == "sync":
         comm = sync
@@ -152,9 +171,9 @@ def decentralized(
     """Each worker computes B/P, then sends its replica to each graph neighbour through
     its one link (serialised: ``d (alpha + n beta)``, d the mean degree)."""
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw)
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers)
     degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
-    link = hw.link(workers).alpha_beta()
+    link = _link(hw, workers, opts)
     comm = degree * neighbour_exchange(m.param_bytes, 1, link) if workers > 1 else 0.0
     mem = _state_bytes(m, opts) + m.param_bytes + b * m.activation_bytes_per_sample
     return CostBreakdown(

@@ -6,7 +6,7 @@ compiled, not run) training step - forward, backward and an SGD update - and
 activation bytes from the shapes of every layer's output. The architectures
 follow their papers (input sizes and widths as published):
 
-- AlexNet (Krizhevsky et al. 2012, the single-tower variant), 224x224x3;
+- AlexNet (Krizhevsky et al. 2012, one tower: no grouped convolutions), 227x227x3;
 - VGG-16 / VGG-19 (Simonyan & Zisserman 2015, configurations D / E), 224x224x3;
 - GoogLeNet (Szegedy et al. 2015, Inception v1 without the auxiliary heads), 224x224x3;
 - Inception V3 (Szegedy et al. 2016, without the auxiliary head), 299x299x3;
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from refdl.errors import UsageError
 from refdl.registry import Registry
 
 
@@ -53,6 +54,7 @@ class ModelCost:
     activation_bytes_per_sample: float  # all layer outputs of one sample (fp32)
     boundary_bytes_per_sample: float  # a typical stage boundary (largest layer output / 4)
     layers: int
+    ops: int = 0  # operations XLA executes per step (compiled refdl models; 0: not counted)
 
     def flops(self, batch: float) -> float:
         return self.flops_fixed + batch * self.flops_per_sample
@@ -218,12 +220,13 @@ class Bottleneck(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        y = nn.relu(nn.BatchNorm(use_running_average=False)(nn.Conv(self.width, (1, 1))(x)))
-        y = nn.Conv(self.width, (3, 3), (self.stride, self.stride))(y)
-        y = nn.relu(nn.BatchNorm(use_running_average=False)(y))
-        y = nn.BatchNorm(use_running_average=False)(nn.Conv(4 * self.width, (1, 1))(y))
+        bn = functools.partial(nn.BatchNorm, use_running_average=False)
+        cv = functools.partial(nn.Conv, use_bias=False)
+        y = nn.relu(bn()(cv(self.width, (1, 1))(x)))
+        y = nn.relu(bn()(cv(self.width, (3, 3), (self.stride, self.stride))(y)))
+        y = bn()(cv(4 * self.width, (1, 1))(y))
         if x.shape[-1] != 4 * self.width or self.stride != 1:
-            x = nn.Conv(4 * self.width, (1, 1), (self.stride, self.stride))(x)
+            x = cv(4 * self.width, (1, 1), (self.stride, self.stride))(x)
             x = nn.BatchNorm(use_running_average=False)(x)
         return nn.relu(x + y)
 
@@ -233,7 +236,7 @@ class ResNet(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.Conv(64, (7, 7), (2, 2))(x)
+        x = nn.Conv(64, (7, 7), (2, 2), use_bias=False)(x)
         x = max_pool(nn.relu(nn.BatchNorm(use_running_average=False)(x)))
         for stage, n in enumerate(self.blocks):
             for i in range(n):
@@ -298,7 +301,7 @@ class GPT2(nn.Module):
         return embed.attend(nn.LayerNorm()(x))  # tied output embedding
 
 
-_register("alexnet", (224, 224, 3), 1000, "AlexNet, 224x224x3, 61 M parameters")(AlexNet)
+_register("alexnet", (227, 227, 3), 1000, "AlexNet (one tower), 227x227x3, 62.4 M")(AlexNet)
 _register("vgg16", (224, 224, 3), 1000, "VGG-16, 224x224x3, 138 M")(lambda: VGG(16))
 _register("vgg19", (224, 224, 3), 1000, "VGG-19, 224x224x3, 144 M")(lambda: VGG(19))
 _register("googlenet", (224, 224, 3), 1000, "GoogLeNet (Inception v1), 224x224x3")(GoogLeNet)
@@ -333,6 +336,15 @@ def _train_step_fn(apply: Callable, outputs: int):
     return step
 
 
+@functools.lru_cache(maxsize=64)
+def shape_param_count(name: str) -> int:
+    """Parameters of a shape-only model (``jax.eval_shape`` of its initialiser: instant)."""
+    m = SHAPE_MODELS.get(name)
+    x = jax.ShapeDtypeStruct((1, *m.input_shape), m.input_dtype)
+    v = jax.eval_shape(m.build().init, jax.random.key(0), x)
+    return _count(v["params"])
+
+
 def _lowered_cost(fn: Callable, *args) -> tuple[float, float]:
     analysis = jax.jit(fn).lower(*args).cost_analysis() or {}
     if isinstance(analysis, list):
@@ -348,9 +360,16 @@ def _count(tree: Any) -> int:
 def model_cost(name: str) -> ModelCost:
     """The cost of one training step of ``name``: a shape-only model, or one of refdl's
     models on its default data set's shapes."""
+    from refdl.models import MODELS
+
     if name in SHAPE_MODELS.names():
         return _shape_model_cost(SHAPE_MODELS.get(name))
-    return _refdl_model_cost(name)
+    if name in MODELS.names():
+        return _refdl_model_cost(name)
+    raise UsageError(
+        f"unknown --model {name!r}; shape-only: {', '.join(SHAPE_MODELS.names())}; "
+        f"refdl models: {', '.join(MODELS.names())}"
+    )
 
 
 def _shape_model_cost(m: ShapeModel) -> ModelCost:
@@ -400,6 +419,7 @@ def _refdl_model_cost(name: str) -> ModelCost:
             for k, v in run.dataset.train_batch(np.arange(1)).items()
         }
         costs.append(_lowered_cost(task.step, state, batch))
+    ops = count_ops(jax.jit(task.step).lower(state, batch).compile().as_text())
     x = jax.ShapeDtypeStruct(np.shape(task.sample_x), np.asarray(task.sample_x).dtype)
     outs, params = [], _count(state.params)
     for layer in task.model.layers:  # each layer's output size, abstractly
@@ -407,10 +427,20 @@ def _refdl_model_cost(name: str) -> ModelCost:
             lambda x, layer=layer: layer.init_with_output(jax.random.key(0), x, train=False), x
         )
         outs.append(math.prod(x.shape[1:]))
-    return _finish(name, params, costs, outs)
+    return _finish(name, params, costs, outs, ops)
 
 
-def _finish(name: str, params: int, costs: list[tuple[float, float]], outs: list[int]) -> ModelCost:
+def count_ops(hlo_text: str) -> int:
+    """Operations in a compiled module's entry computation (fusions, dots, convolutions,
+    copies, collectives...), leaving out parameters, constants and tuple plumbing."""
+    entry = hlo_text[hlo_text.find("ENTRY") :]
+    skip = ("parameter(", "constant(", "get-tuple-element(", " tuple(", "bitcast(")
+    return sum(1 for ln in entry.splitlines() if " = " in ln and not any(k in ln for k in skip))
+
+
+def _finish(
+    name: str, params: int, costs: list[tuple[float, float]], outs: list[int], ops: int = 0
+) -> ModelCost:
     (f1, b1), (f2, b2) = costs
     per_f, per_b = max(f2 - f1, 0.0), max(b2 - b1, 0.0)
     return ModelCost(
@@ -423,4 +453,5 @@ def _finish(name: str, params: int, costs: list[tuple[float, float]], outs: list
         activation_bytes_per_sample=4.0 * sum(outs),
         boundary_bytes_per_sample=4.0 * (sum(outs) / max(len(outs), 1)),
         layers=len(outs),
+        ops=ops,
     )
