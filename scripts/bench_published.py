@@ -27,7 +27,7 @@ from pathlib import Path
 CASES = [
     {
         "source": "Horovod (Sergeev & Del Balso 2018)",
-        "setup": "512 Pascal GPUs, 4 per server, 25 Gb/s RoCE; 64 images/GPU",
+        "setup": "512 Pascal GPUs, 25 Gb/s RoCE; 64 images/GPU",
         "model": "inception_v3",
         "hw": "p100-pcie-roce25",
         "batch_per_worker": 64,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import tomllib
 
 import pytest
 
@@ -154,3 +156,17 @@ def test_predict_cli_json_and_errors(capsys, tmp_path):
 def test_alpha_beta_link_of_local_profile():
     local = hw.load("local")
     assert isinstance(local.link(2).alpha_beta(), Link)
+
+
+def test_overhead_keys_round_trip_and_are_checked(tmp_path):
+    local = hw.load("local")
+    text = hw.dumps(local)
+    assert "shared_cores = true" in text and "dispatch_s = " in text
+    assert hw.parse(tomllib.loads(text)) == local
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("shared_cores = true", 'shared_cores = "yes"'))
+    with pytest.raises(UsageError, match=re.escape("device.shared_cores must be true or false")):
+        hw.load(bad)
+    bad.write_text(text.replace("dispatch_s = ", "dispatch_s = -"))
+    with pytest.raises(UsageError, match=re.escape("device.dispatch_s must be a number >= 0")):
+        hw.load(bad)
