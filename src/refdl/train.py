@@ -211,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if dist.under_mpi():  # one device per rank; the ranks are the devices
         dist.one_device_per_rank()
-        dist.configure_rank_threads()
         if not hasattr(args, "devices"):
             args.devices = dist.launched_size()
     else:

@@ -1,46 +1,49 @@
-"""Allreduce (sum, float32) timed three ways under ``mpirun``: raw MPI, mpi4jax, faster mpi4jax.
+"""Allreduce (sum, float32) under ``mpirun``: raw MPI vs mpi4jax, and what closes the gap.
 
 Run as::
 
     mpirun -n 4 python -m refdl.bench.mpi_allreduce --out allreduce.json \\
-        [--sizes 4096,65536,...] [--repeats 20] [--variant naive,unordered,...]
+        [--sizes 4096,65536,...] [--repeats 15] [--variant naive,unordered,...|all]
 
 Variants (``raw`` is always timed: it is the reference of every ratio):
 
 - ``raw``: mpi4py ``comm.Allreduce`` on NumPy buffers, output preallocated once;
-- ``raw_loop``: ``raw`` K times back to back (ping-pong buffers, no barrier in between):
-  the reference for the ``*_loop`` variants;
+- ``raw_loop``: ``raw`` K times back to back (ping-pong buffers, no barrier in between),
+  the reference for the batched variants below;
 - ``naive``: ``mpi4jax.allreduce`` in a ``jax.jit`` function, called once per repeat,
   ``block_until_ready`` on the result;
 - ``naive_np``: ``naive`` plus ``np.asarray`` of the result (the jax.Array -> NumPy step);
 - ``donate``: ``naive`` with ``donate_argnums=0`` (the result is the next input);
 - ``unordered``: the same mpi4jax FFI kernel, bound by a primitive *without* mpi4jax's
   ordered effect, so jax dispatches the call through its C++ fast path;
-- ``loop`` / ``unordered_loop``: K chained allreduces in one jitted ``lax.fori_loop``
-  (carry donated), time / K: the dispatch and the buffer allocation are paid once per K.
+- batched, time / K: ``loop`` / ``unordered_loop`` chain K allreduces in one jitted
+  ``lax.fori_loop`` (carry donated); ``unrolled`` chains them in a Python loop in the jit.
 
 Every repeat: barrier, time the call, per rank; a repeat's time is the slowest rank's.
 Variants are interleaved (rotating order) within each size, so slow phases of a shared
-machine fall on all of them alike. Rank 0 writes the median / min seconds per op,
-the ratio to ``raw`` (and to ``raw_loop`` for the loop variants), and per-op minor page
-faults and context switches, which tell *why* a variant is slow.
+machine fall on all of them alike; CPU used by other processes meanwhile is recorded per
+size (``foreign_cpu_s``), and such sizes are flagged as noisy. Rank 0 writes the median /
+min seconds per allreduce, ratios to ``raw`` (and ``raw_loop``), and per-allreduce minor
+page faults and context switches, which tell *why* a variant is slow.
 
-What the measurements on a 2-core VM showed (see the report that came with this file):
+Why mpi4jax was slower (2-core VM, 2 and 4 ranks; measured with this module):
 
-1. mpi4jax primitives carry an *ordered effect*; jax then runs every call of the jitted
-   function through its Python dispatch path (runtime tokens, no C++ fast path): about
-   0.3-0.5 ms of CPU per call, several times more when 4 ranks share 2 cores. This is the
-   whole gap at <= 64 KiB. ``unordered`` and the ``*_loop`` variants remove it.
-2. Each call returns a fresh output buffer. glibc gives buffers above its mmap threshold
-   straight from / back to the kernel, so every call page-faults the output in again
-   (one minor fault per 4 KiB page, a few µs each in a VM): ~1000 faults at 4 MiB,
-   8192 at 32 MiB (OpenMPI's own 16 MiB scratch buffer adds 4096 to raw and mpi4jax alike).
-   This is most of the gap at >= 1 MiB. Fix: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1:
-   glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296``
-   (freed buffers stay mapped and are reused; THP where mapped), or keep the buffers
-   inside one jitted step (the ``*_loop`` variants).
-3. XLA's CPU thread settings (``--xla_cpu_multi_thread_eigen=false``), binding and
-   synchronous dispatch changed little beyond the noise of an oversubscribed machine.
+1. Dispatch. mpi4jax primitives carry an *ordered effect*; jax then runs each call of the
+   jitted function through its Python dispatch path (runtime tokens, no C++ fast path),
+   inline on the calling thread: ~0.3-0.5 ms CPU per call, ~2 ms when 4 ranks share 2
+   cores. It is the whole gap up to ~1 MiB. ``unordered`` removes it; batching K
+   allreduces in one jitted call pays it once per call.
+2. Page faults. Each call returns a fresh output buffer; glibc maps big blocks from the
+   kernel and unmaps them on free (always above 32 MiB, erratically below: its mmap
+   threshold adapts), so the output is faulted in again on every call (8192 faults per
+   call at 32 MiB; OpenMPI's own 16 MiB scratch buffer adds 4096 to raw and mpi4jax alike).
+   Fix, in the environment of every rank before it starts:
+   ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=1073741824:``
+   ``glibc.malloc.trim_threshold=4294967296`` (freed blocks stay mapped and are reused;
+   transparent huge pages where the kernel's THP mode is ``madvise``).
+3. Not the cause: XLA's CPU thread settings, binding, synchronous dispatch, the jax.Array
+   -> NumPy step (zero-copy on CPU), donation (the kernel cannot write in place).
+   ``lax.fori_loop`` adds one buffer copy per iteration; an unrolled chain does not.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ ALL_VARIANTS: tuple[str, ...] = (
     "unordered",
     "loop",
     "unordered_loop",
+    "unrolled",
 )
-DEFAULT_VARIANTS: tuple[str, ...] = ("raw", "naive", "unordered", "raw_loop", "loop")
+DEFAULT_VARIANTS: tuple[str, ...] = ("raw", "raw_loop", "naive", "unordered", "loop", "unrolled")
 LOOP_BYTES = 64 * MIB  # a loop variant runs K = LOOP_BYTES // size allreduces (2 <= K <= 16)
 ENV_KEYS: tuple[str, ...] = (
     "XLA_FLAGS",
@@ -260,6 +264,22 @@ def _variant(name: str, n: int, comm: Any) -> tuple[Call, int, Call]:
 
         return call, k, lambda: expect(f(jnp.asarray(mine)), total * size ** (k - 1))
 
+    if name == "unrolled":
+
+        def unrolled(x: Any) -> Any:
+            for _ in range(k):
+                x = ordered(x)
+            return x
+
+        f = jax.jit(unrolled, donate_argnums=0)
+        box = [jnp.zeros(n, jnp.float32)]
+
+        def call() -> None:
+            box[0] = f(box[0])
+            box[0].block_until_ready()
+
+        return call, k, lambda: expect(f(jnp.asarray(mine)), total * size ** (k - 1))
+
     raise ValueError(f"unknown variant {name!r}; choose from {', '.join(ALL_VARIANTS)}")
 
 
@@ -337,16 +357,17 @@ def summarize(nbytes: int, per_rank: list[dict[str, Timing]]) -> dict[str, Any]:
             "voluntary_switches_per_op": sum(r[v].nvcsw for r in per_rank) / ops,
         }
     stats = result["variants"]
-    for v, s in stats.items():
-        ref = "raw_loop" if v.endswith("loop") and "raw_loop" in stats else "raw"
+    for s in stats.values():
         s["ratio_median_vs_raw"] = s["median_s"] / stats["raw"]["median_s"]
         s["ratio_min_vs_raw"] = s["min_s"] / stats["raw"]["min_s"]
-        if ref == "raw_loop":
+        if s["allreduces_per_call"] > 1 and "raw_loop" in stats:  # batched: back-to-back ref
             s["ratio_median_vs_raw_loop"] = s["median_s"] / stats["raw_loop"]["median_s"]
+            s["ratio_min_vs_raw_loop"] = s["min_s"] / stats["raw_loop"]["min_s"]
     return result
 
 
-def _meta(comm: Any, sizes: Sequence[int], variants: Sequence[str], args: Any) -> dict:
+def _meta(comm: Any, sizes: Sequence[int], variants: Sequence[str], args: Any) -> dict[str, Any]:
+    """Run conditions: ranks, sizes, environment that changes the result, versions."""
     import jax
     import mpi4jax
     import mpi4py
@@ -361,8 +382,10 @@ def _meta(comm: Any, sizes: Sequence[int], variants: Sequence[str], args: Any) -
         "warmup": args.warmup,
         "loop_allreduces": {str(s): loop_count(s) for s in sizes},
         "timing": "per repeat: barrier, then the call; a repeat's time is the slowest rank's; "
-        "loop variants divide by their allreduces per call",
-        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+        "batched variants divide by their allreduces per call",
+        "env": {k: v for k, v in os.environ.items() if k in ENV_KEYS or _is_mca_setting(k)},
+        "transparent_hugepage": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
+        "libc": " ".join(platform.libc_ver()),
         "cpu_affinity_per_rank": affinity,
         "cpu_count": os.cpu_count(),
         "machine": platform.platform(),
@@ -371,9 +394,22 @@ def _meta(comm: Any, sizes: Sequence[int], variants: Sequence[str], args: Any) -
             "jax": jax.__version__,
             "mpi4jax": mpi4jax.__version__,
             "mpi4py": mpi4py.__version__,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi": MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip(),
         },
     }
+
+
+def _is_mca_setting(name: str) -> bool:
+    """An OpenMPI MCA parameter set by the user (``--mca``), not one mpirun always sets."""
+    launcher = ("PREFIXES", "num_procs", "initial_wdir", "cpu_type")
+    return name.startswith("OMPI_MCA_") and name[len("OMPI_MCA_") :] not in launcher
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
 
 
 def _table(results: list[dict[str, Any]], variants: Sequence[str]) -> str:
@@ -390,7 +426,10 @@ def _table(results: list[dict[str, Any]], variants: Sequence[str]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line: output file, sizes in bytes, repeats, variants."""
-    p = argparse.ArgumentParser(prog="python -m refdl.bench.mpi_allreduce", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="mpirun -n P python -m refdl.bench.mpi_allreduce",
+        description=(__doc__ or "").split("\n", 1)[0] + " (details: the module docstring)",
+    )
     p.add_argument("--out", required=True, type=Path, help="JSON file written by rank 0")
     p.add_argument(
         "--sizes",
