@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from refdl import checkpoint
-from refdl.core.optim import make_optimizer, make_schedule
 from refdl.core.state import TrainState, to_host
 from refdl.core.task import Task
 from refdl.data import Dataset, load_dataset
@@ -87,17 +86,7 @@ def build(spec: RunSpec) -> Run:
             f"examples of {info.name!r}; use a smaller batch"
         )
     model = MODELS.get(spec.model).make(info, dict(spec.model_opts))
-    schedule = make_schedule(
-        spec.lr,
-        spec.lr_schedule,
-        total_steps=spec.steps,
-        warmup_steps=spec.warmup_steps,
-        decay_every=spec.lr_decay_every,
-        decay_factor=spec.lr_decay_factor,
-    )
-    optimizer = make_optimizer(
-        spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
-    )
+    optimizer, schedule = spec.make_optimizer()
     sample = dataset.train_batch(np.arange(1))["x"]
     axes = model.logical_axes(jnp.asarray(sample))
     task = Task(model, spec.loss, optimizer, sample, axes)

@@ -184,6 +184,26 @@ class RunSpec:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
         return self
 
+    def make_optimizer(self, updates_per_step: int = 1) -> Any:
+        """The run's optax optimizer and its learning-rate schedule; with
+        ``updates_per_step`` > 1 (asynchronous parameter servers) the schedule advances
+        once per that many updates, i.e. once per step of the loop."""
+        from refdl.core.optim import make_optimizer, make_schedule
+
+        base = make_schedule(
+            self.lr,
+            self.lr_schedule,
+            total_steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            decay_every=self.lr_decay_every,
+            decay_factor=self.lr_decay_factor,
+        )
+        schedule = base if updates_per_step == 1 else (lambda n: base(n // updates_per_step))
+        optimizer = make_optimizer(
+            self.optimizer, schedule, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+        return optimizer, base
+
     def _validate_distributed(self) -> None:
         """The ps/decentralized flags: values, and that they go with their strategy."""
         if self.ps_mode not in ("sync", "async", "ssp"):

@@ -45,7 +45,6 @@ import numpy as np
 
 from refdl import dist
 from refdl.core.layers import param_count
-from refdl.core.optim import make_optimizer, make_schedule
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
 from refdl.errors import UsageError
@@ -206,19 +205,7 @@ class ParameterServer(Strategy):
             raise UsageError("--ps-trace replays an async or ssp run; add --ps-mode async|ssp")
         self.bound = {"sync": 0, "async": float("inf"), "ssp": spec.staleness}[spec.ps_mode]
         # One lr-schedule step per loop step: async/SSP apply W gradients per step.
-        base = make_schedule(
-            spec.lr,
-            spec.lr_schedule,
-            total_steps=spec.steps,
-            warmup_steps=spec.warmup_steps,
-            decay_every=spec.lr_decay_every,
-            decay_factor=spec.lr_decay_factor,
-        )
-        per = 1 if spec.ps_mode == "sync" else self.w
-        schedule = base if per == 1 else (lambda count: base(count // per))
-        self.opt = make_optimizer(
-            spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
-        )
+        self.opt, _ = spec.make_optimizer(1 if spec.ps_mode == "sync" else self.w)
         self.layout = Layout(abstract_params, self.k)
         self.trace: list[tuple[int, int, int]] = []
         self.trace_start = 0
