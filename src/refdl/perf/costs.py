@@ -90,13 +90,13 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     v = opts.chunks if opts.schedule == "interleaved" else 1
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
-    # The host executor launches one call per forward/backward of a microbatch on a stage
-    # chunk, plus one optimizer update per stage; each runs the ops of 1/(p v) of the model.
+    # The host executor makes one call per forward and per backward of a microbatch on a
+    # stage chunk, plus one optimizer update per stage; per microbatch a stage runs about
+    # 1/p of the step's operations.
     calls = 2 * mb * p * v + p
-    per_call_ops = m.ops / (p * v)
-    t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw, sharing=p)
-    t += compute_time(0, 0, hw, ops=per_call_ops, calls=0, sharing=p) * 2 * mb * v
-    t += compute_time(0, 0, hw, calls=calls) - compute_time(0, 0, hw, calls=0)
+    t = compute_time(
+        m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p
+    )
     f = analytic_bubble(opts.schedule, p, mb, v) if p > 1 else 0.0
     if getattr(getattr(hw, "device", None), "shared_cores", False):
         f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
