@@ -137,7 +137,7 @@ class Decentralized(Strategy):
     # ----- one step -----
 
     def _local(self, state: TrainState, batch: Batch) -> tuple[Any, Any, TrainState]:
-        """Local gradient and update of one replica; returns (loss, mixed-input, state)."""
+        """One replica's loss, gradient and new model state on its share of the batch."""
         loss, grads, model_state = self.task.accumulated_grads(
             state.params, state.model_state, batch, self.spec.microbatches
         )
