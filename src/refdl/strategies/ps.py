@@ -464,21 +464,29 @@ class _Server:
         return jax.jit(round_)
 
     def _async_fn(self):
-        """Receive one gradient from any worker (source in ``self.status``) and apply it."""
+        """Receive one gradient from any worker (source in ``self.status``) and apply it.
+
+        The update is ``ParameterServer._apply``, the very compiled function the simulator
+        runs, so a replay of the recorded arrival order reproduces the run bit for bit
+        (asynchronous runs amplify even one-ulp differences)."""
         import mpi4jax
 
         ps, comm, s = self.ps, self.comm, self.s
         size = ps.layout.group_sizes[s] + TRAILER
-
-        def apply_one(leaves, opt):
-            msg = mpi4jax.recv(
+        receive = jax.jit(
+            lambda: mpi4jax.recv(
                 jnp.zeros(size), self.MPI.ANY_SOURCE, tag=GRAD, comm=comm, status=self.status
             )
-            grads = ps.layout.unflat(msg[:-TRAILER], s)
-            leaves, opt = ps._apply_group(leaves, opt, grads, 1.0 / ps.w)
-            return leaves, opt, ps.layout.flat(leaves), msg[-TRAILER], msg[-1]
+        )
+        unpack = jax.jit(lambda msg: ps.layout.unflat(msg[:-TRAILER], s))
+        pack = jax.jit(ps.layout.flat)
 
-        return jax.jit(apply_one)
+        def apply_one(leaves, opt):
+            msg = receive()
+            leaves, opt = ps._apply(leaves, opt, unpack(msg), 1.0 / ps.w)
+            return leaves, opt, pack(leaves), msg[-TRAILER], msg[-1]
+
+        return apply_one
 
     def _send_fn(self, dest: int):
         """A compiled send of this shard's parameters to ``dest`` (eager mpi4jax calls
@@ -552,8 +560,7 @@ class _Worker:
 
         ps, comm = self.ps, dist.data_comm()
 
-        def step(params, batch, clock):
-            loss, grads = ps._worker_grads(params, batch)
+        def exchange(params, grads, loss, clock):
             gsplit, psplit = ps.layout.split(grads), ps.layout.split(params)
             new = []
             for s in range(ps.k):
@@ -570,7 +577,15 @@ class _Worker:
                 new.append(ps.layout.unflat(got, s))
             return ps.layout.join(new)
 
-        return jax.jit(step)
+        exchange = jax.jit(exchange)
+
+        def step(params, batch, clock):
+            # The gradient is ParameterServer._grad, the simulator's own compiled function
+            # (bit-identical replays); the messages to every server go in one call.
+            loss, grads = ps._grad(params, batch)
+            return exchange(params, grads, loss, clock)
+
+        return step
 
     def run(self, watchdog: Any = None) -> None:
         import mpi4jax
