@@ -1,0 +1,682 @@
+"""PyTorch twins of refdl models, and PyTorch's own single, DDP and pipeline training.
+
+``to_torch(model, params, model_state)`` builds a ``torch.nn.Module`` layer by
+layer from a refdl ``Sequential`` (``mlp``, ``lenet5``, ``resnet``, ``lstm_lm``)
+and copies refdl's weights exactly:
+
+- the input stays refdl's NHWC; the first block permutes it to PyTorch's NCHW,
+  and ``Flatten`` permutes back before flattening, so Dense kernels keep rows;
+- Dense ``(in, out)`` -> ``Linear.weight (out, in)``; Conv kernels HWIO -> OIHW;
+  SAME padding is computed per call as XLA does (the extra pixel goes high);
+- LSTM ``w_ih (D, 4H)``, ``w_hh (H, 4H)`` -> ``weight_ih/weight_hh (4H, .)`` with
+  the same gate order (i, f, g, o); refdl has one bias, so ``bias_hh`` stays zero
+  and frozen (two trained biases would take the same gradient twice);
+- BatchNorm ``scale/bias`` -> ``weight/bias``; flax's momentum 0.9 is PyTorch's
+  0.1. PyTorch updates ``running_var`` with the unbiased batch variance and flax
+  with the biased one, so running statistics are not compared (parameters are).
+
+``train_single``, ``train_ddp`` (``DistributedDataParallel`` over gloo, one
+spawned process per worker) and ``train_pipeline`` (``torch.distributed.pipelining``
+``ScheduleGPipe``/``Schedule1F1B``, one process per stage) take the same
+batches and learning rates as refdl and return per-step losses and the final
+parameters in refdl's layout. No JAX is imported here, so spawned workers start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError:  # pragma: no cover - exercised where torch is absent
+    torch = None  # type: ignore[assignment]
+
+INSTALL_HINT = "install it with: .venv/bin/pip install torch==2.13.0 (scripts/setup.sh does)"
+Flat = dict[str, np.ndarray]
+
+
+def available() -> bool:
+    """Whether PyTorch can be imported."""
+    return torch is not None
+
+
+def require() -> None:
+    """Raise a one-line UsageError when PyTorch is missing."""
+    if torch is None:
+        from refdl.errors import UsageError
+
+        raise UsageError(f"the torch adapter needs PyTorch; {INSTALL_HINT}")
+
+
+def flatten(tree: Any, prefix: str = "") -> Flat:
+    """A nested dict of arrays as ``{"00_conv/kernel": array}`` (NumPy, float32 kept)."""
+    out: Flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict) or hasattr(value, "items"):
+            out.update(flatten(dict(value), path))
+        else:
+            out[path] = np.array(value, copy=True)  # never a view of a (donated) buffer
+    return out
+
+
+# ----------------------------------------------------------------------------- layers
+# Each block maps its tensors to refdl paths: ``links()`` yields
+# (refdl path, torch parameter, to_torch, from_torch).
+
+Link = tuple[str, Any, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+_same = lambda a: a  # noqa: E731
+_t2 = lambda a: a.T  # noqa: E731
+_hwio_to_oihw = lambda a: a.transpose(3, 2, 0, 1)  # noqa: E731
+_oihw_to_hwio = lambda a: a.transpose(2, 3, 1, 0)  # noqa: E731
+
+_ACT = {
+    None: lambda x: x,
+    "relu": lambda x: F.relu(x),
+    "tanh": lambda x: torch.tanh(x),
+    "sigmoid": lambda x: torch.sigmoid(x),
+    "gelu": lambda x: F.gelu(x),
+}
+
+
+def _same_pads(size: int, k: int, s: int) -> tuple[int, int]:
+    """XLA's SAME padding of one spatial axis: ``(low, high)``, the odd pixel high."""
+    out = -(-size // s)
+    total = max((out - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+if torch is not None:
+
+    class Block(nn.Module):
+        """A PyTorch layer standing for refdl layer ``key``."""
+
+        key: str = ""
+
+        def links(self) -> Iterator[Link]:
+            return iter(())
+
+    class ToNCHW(Block):
+        """refdl feeds NHWC images; PyTorch convolutions want NCHW."""
+
+        def forward(self, x):
+            return x.permute(0, 3, 1, 2) if x.dim() == 4 else x
+
+    class Dense(Block):
+        def __init__(self, key: str, n_in: int, n_out: int, act: str | None, bias: bool) -> None:
+            super().__init__()
+            self.key, self.act = key, act
+            self.linear = nn.Linear(n_in, n_out, bias=bias)
+
+        def forward(self, x):
+            return _ACT[self.act](self.linear(x))
+
+        def links(self):
+            yield f"{self.key}/kernel", self.linear.weight, _t2, _t2
+            if self.linear.bias is not None:
+                yield f"{self.key}/bias", self.linear.bias, _same, _same
+
+    class Conv(Block):
+        """Conv2d with XLA's SAME/VALID padding (computed per input size)."""
+
+        def __init__(self, key, c_in, c_out, kernel, strides, padding, act, bias) -> None:
+            super().__init__()
+            self.key, self.act, self.padding = key, act, padding
+            self.kernel, self.strides = tuple(kernel), tuple(strides)
+            self.conv = nn.Conv2d(c_in, c_out, self.kernel, self.strides, padding=0, bias=bias)
+
+        def forward(self, x):
+            if self.padding == "SAME":
+                (kh, kw), (sh, sw) = self.kernel, self.strides
+                top, bottom = _same_pads(x.shape[2], kh, sh)
+                left, right = _same_pads(x.shape[3], kw, sw)
+                x = F.pad(x, (left, right, top, bottom))
+            return _ACT[self.act](self.conv(x))
+
+        def links(self):
+            yield f"{self.key}/kernel", self.conv.weight, _hwio_to_oihw, _oihw_to_hwio
+            if self.conv.bias is not None:
+                yield f"{self.key}/bias", self.conv.bias, _same, _same
+
+    class Pool(Block):
+        """flax's max/avg pool: SAME pads with -inf (max) or zeros counted in the mean (avg)."""
+
+        def __init__(self, key, kind, window, stride, padding) -> None:
+            super().__init__()
+            self.key, self.kind, self.window, self.stride = key, kind, window, stride
+            self.padding = padding
+
+        def forward(self, x):
+            if self.padding == "SAME":
+                top, bottom = _same_pads(x.shape[2], self.window, self.stride)
+                left, right = _same_pads(x.shape[3], self.window, self.stride)
+                fill = float("-inf") if self.kind == "max" else 0.0
+                x = F.pad(x, (left, right, top, bottom), value=fill)
+            pool = F.max_pool2d if self.kind == "max" else F.avg_pool2d
+            return pool(x, self.window, self.stride)
+
+    class Flatten(Block):
+        """Flatten in refdl's NHWC order so the next Dense kernel's rows line up."""
+
+        def __init__(self, key) -> None:
+            super().__init__()
+            self.key = key
+
+        def forward(self, x):
+            if x.dim() == 4:
+                x = x.permute(0, 2, 3, 1)
+            return x.reshape(x.shape[0], -1)
+
+    class GlobalAvgPool(Block):
+        def __init__(self, key) -> None:
+            super().__init__()
+            self.key = key
+
+        def forward(self, x):
+            return x.mean(dim=(2, 3))
+
+    class BatchNorm2d(nn.BatchNorm2d):
+        """BatchNorm written with PyTorch tensor ops, global over all ranks when ``sync``.
+
+        Two reasons not to use ``torch.nn.BatchNorm2d``/``SyncBatchNorm``: PyTorch's
+        CPU batch-norm backward kernel loses precision (the bias gradient of a
+        64x8x8 batch is 3.5e-3 off its float64 value, against 1.5e-6 for these
+        tensor ops; README, "Cross-framework validation"), and ``SyncBatchNorm``
+        accepts only GPU tensors. Statistics are flax's: ``var = E[x^2] - E[x]^2``
+        over the batch (of every rank when ``sync``; ``torch.distributed.nn``'s
+        all_reduce carries the gradients back). ``native=True`` in ``ModelPlan.build``
+        selects PyTorch's own kernel instead.
+        """
+
+        sync: bool = False
+
+        def forward(self, x):
+            if not self.training:
+                return super().forward(x)
+            c = x.shape[1]
+            n_local = float(x.shape[0] * x.shape[2] * x.shape[3])
+            sums = torch.cat([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3))])
+            n = n_local
+            if self.sync:
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    from torch.distributed.nn.functional import all_reduce
+
+                    sums = all_reduce(sums)
+                    n = n_local * dist.get_world_size()
+            mean, meansq = sums[:c] / n, sums[c:] / n
+            var = torch.clamp(meansq - mean * mean, min=0.0)
+            with torch.no_grad():  # PyTorch's convention: the unbiased variance
+                self.num_batches_tracked.add_(1)
+                m = self.momentum
+                self.running_mean.mul_(1 - m).add_(m * mean)
+                self.running_var.mul_(1 - m).add_(m * var * n / max(n - 1, 1))
+            shape = (1, c, 1, 1)
+            y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+            return y * self.weight.view(shape) + self.bias.view(shape)
+
+    def _batchnorm(c: int, bn: str) -> nn.BatchNorm2d:
+        """``bn``: ``local`` (this module), ``sync`` (global over ranks) or ``native``."""
+        if bn == "native":
+            return nn.BatchNorm2d(c, eps=1e-5, momentum=0.1)
+        module = BatchNorm2d(c, eps=1e-5, momentum=0.1)
+        module.sync = bn == "sync"
+        return module
+
+    def _bn_links(prefix: str, bn: nn.BatchNorm2d) -> Iterator[Link]:
+        yield f"{prefix}/BatchNorm_0/scale", bn.weight, _same, _same
+        yield f"{prefix}/BatchNorm_0/bias", bn.bias, _same, _same
+
+    class ConvBN(Block):
+        """refdl's stem: conv3x3 (no bias), BatchNorm, activation."""
+
+        def __init__(self, key, c_in, c_out, act, bn) -> None:
+            super().__init__()
+            self.key, self.act = key, act
+            self.conv = Conv(f"{key}/Conv_0", c_in, c_out, (3, 3), (1, 1), "SAME", None, False)
+            self.bn = _batchnorm(c_out, bn)
+
+        def forward(self, x):
+            return _ACT[self.act](self.bn(self.conv(x)))
+
+        def links(self):
+            yield from self.conv.links()
+            yield from _bn_links(f"{self.key}/BatchNorm_0", self.bn)
+
+    class ResidualBlock(Block):
+        """He et al.'s basic block with the option-A shortcut, as refdl builds it."""
+
+        def __init__(self, key, c_in, c_out, stride, bn) -> None:
+            super().__init__()
+            self.key, self.stride, self.c_out = key, stride, c_out
+            s = (stride, stride)
+            self.conv0 = Conv(f"{key}/Conv_0", c_in, c_out, (3, 3), s, "SAME", None, False)
+            self.bn0 = _batchnorm(c_out, bn)
+            self.conv1 = Conv(f"{key}/Conv_1", c_out, c_out, (3, 3), (1, 1), "SAME", None, False)
+            self.bn1 = _batchnorm(c_out, bn)
+
+        def forward(self, x):
+            y = F.relu(self.bn0(self.conv0(x)))
+            y = self.bn1(self.conv1(y))
+            shortcut = x[:, :, :: self.stride, :: self.stride] if self.stride != 1 else x
+            extra = self.c_out - shortcut.shape[1]
+            if extra > 0:
+                shortcut = F.pad(shortcut, (0, 0, 0, 0, extra // 2, extra - extra // 2))
+            return F.relu(y + shortcut)
+
+        def links(self):
+            yield from self.conv0.links()
+            yield from _bn_links(f"{self.key}/BatchNorm_0", self.bn0)
+            yield from self.conv1.links()
+            yield from _bn_links(f"{self.key}/BatchNorm_1", self.bn1)
+
+    class Embed(Block):
+        def __init__(self, key, vocab, features) -> None:
+            super().__init__()
+            self.key = key
+            self.embedding = nn.Embedding(vocab, features)
+
+        def forward(self, x):
+            return self.embedding(x.long())
+
+        def links(self):
+            yield f"{self.key}/embedding", self.embedding.weight, _same, _same
+
+    class LSTM(Block):
+        """``torch.nn.LSTM`` (one layer, batch first); ``bias_hh`` frozen at zero."""
+
+        def __init__(self, key, d_in, hidden) -> None:
+            super().__init__()
+            self.key = key
+            self.lstm = nn.LSTM(d_in, hidden, num_layers=1, batch_first=True)
+            with torch.no_grad():
+                self.lstm.bias_hh_l0.zero_()
+            self.lstm.bias_hh_l0.requires_grad_(False)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+        def links(self):
+            yield f"{self.key}/w_ih", self.lstm.weight_ih_l0, _t2, _t2
+            yield f"{self.key}/w_hh", self.lstm.weight_hh_l0, _t2, _t2
+            yield f"{self.key}/bias", self.lstm.bias_ih_l0, _same, _same
+
+    class TorchModel(nn.Module):
+        """A refdl ``Sequential`` in PyTorch: block 0 adapts the input, block i+1 is layer i."""
+
+        def __init__(self, blocks: list[Block]) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(blocks)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+        def links(self) -> Iterator[Link]:
+            for b in self.blocks:
+                yield from b.links()
+
+
+def _layer_block(layer: Any, key: str, shape: tuple[int, ...], bn: str) -> Any:
+    """The PyTorch block for one refdl layer applied to an input of NHWC ``shape``."""
+    from refdl.core import layers as L
+
+    kind = type(layer)
+    c = shape[-1] if shape else 0
+    if kind is L.Dense:
+        return Dense(key, c, layer.features, layer.act, layer.use_bias)
+    if kind is L.Conv:
+        return Conv(
+            key, c, layer.features, layer.kernel_size, layer.strides, layer.padding,
+            layer.act, layer.use_bias,
+        )  # fmt: skip
+    if kind is L.Pool:
+        return Pool(key, layer.kind, layer.window, layer.stride, layer.padding)
+    if kind is L.Flatten:
+        return Flatten(key)
+    if kind is L.GlobalAvgPool:
+        return GlobalAvgPool(key)
+    if kind is L.ConvBN:
+        return ConvBN(key, c, layer.features, layer.act, bn)
+    if kind is L.ResidualBlock:
+        return ResidualBlock(key, c, layer.features, layer.strides, bn)
+    if kind is L.Embed:
+        return Embed(key, layer.vocab_size, layer.features)
+    if kind is L.LSTM:
+        return LSTM(key, c, layer.hidden)
+    from refdl.errors import UsageError
+
+    raise UsageError(
+        f"the torch adapter has no twin for layer {type(layer).__name__} ({key}); "
+        "it covers mlp, lenet5, resnet and lstm_lm"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """What a worker process needs to rebuild the PyTorch model without JAX:
+    one ``(refdl layer, key, input shape)`` per layer (flax modules pickle)."""
+
+    layers: tuple[tuple[Any, str, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, model: Any, sample_x: np.ndarray) -> ModelPlan:
+        """Record each layer's input shape by abstract evaluation of ``model``."""
+        import jax
+        import jax.numpy as jnp
+
+        params = model.abstract_params(jnp.asarray(sample_x))
+        state = model.abstract_variables(jnp.asarray(sample_x))[1]
+        x = jax.ShapeDtypeStruct(sample_x.shape, jnp.asarray(sample_x).dtype)
+        rows = []
+        for i, key in enumerate(model.keys):
+            rows.append((model.layers[i], key, tuple(x.shape)))
+            stage = model.stage(i, i + 1)
+            x = jax.eval_shape(lambda p, s, v, st=stage: st.apply(p, s, v)[0], params, state, x)
+        return cls(tuple(rows))
+
+    def build(
+        self, flat_params: Flat, bn: str = "local", start: int = 0, stop: int | None = None
+    ) -> Any:
+        """The PyTorch model of layers ``start..stop-1`` with refdl's weights copied in;
+        the input adapter comes first when ``start`` is 0. ``bn``: BatchNorm over this
+        process's batch (``local``), over all ranks (``sync``), or ``torch.nn.BatchNorm2d``
+        (``native``)."""
+        require()
+        rows = self.layers[start:stop]
+        blocks = [ToNCHW()] if start == 0 else []
+        blocks += [_layer_block(layer, key, shape, bn) for layer, key, shape in rows]
+        module = TorchModel(blocks)
+        load(module, flat_params)
+        return module
+
+
+def load(module: Any, flat_params: Flat) -> None:
+    """Copy refdl's parameters (flat paths) into ``module``, converting layouts."""
+    with torch.no_grad():
+        for path, tensor, to_torch, _ in module.links():
+            value = to_torch(np.asarray(flat_params[path], np.float32))
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"{path}: refdl {value.shape} vs torch {tuple(tensor.shape)}")
+            tensor.copy_(torch.from_numpy(np.array(value, np.float32, copy=True)))
+
+
+def export(module: Any) -> Flat:
+    """The parameters of ``module`` in refdl's layout and paths."""
+    return {
+        path: np.array(from_torch(tensor.detach().cpu().numpy()), copy=True, order="C")
+        for path, tensor, _, from_torch in module.links()
+    }
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlan:
+    """Everything a PyTorch run needs, as plain data (picklable for spawned workers)."""
+
+    model: ModelPlan
+    params: Flat
+    batches: tuple[dict[str, np.ndarray], ...]  # one global batch per step, refdl's order
+    lrs: tuple[float, ...]  # refdl's learning rate of each step
+    optimizer: str = "momentum"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    loss: str = "cross_entropy"
+    threads: int = 0  # torch intra-op threads per process (0: PyTorch's default)
+    native_bn: bool = False  # torch.nn.BatchNorm2d instead of the adapter's BatchNorm2d
+
+
+def make_optimizer(name: str, params: list, momentum: float, weight_decay: float):
+    """The PyTorch optimizer that computes what refdl's optax optimizer of ``name`` does."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.0, weight_decay=weight_decay)
+    if name in ("momentum", "nesterov"):
+        return torch.optim.SGD(
+            params, lr=0.0, momentum=momentum, nesterov=name == "nesterov",
+            weight_decay=weight_decay,
+        )  # fmt: skip
+    if name == "adam":
+        return torch.optim.Adam(params, lr=0.0, eps=1e-8, weight_decay=weight_decay)
+    raise ValueError(f"no PyTorch twin for optimizer {name!r}")
+
+
+def loss_fn(name: str) -> Callable:
+    """refdl's loss in PyTorch (mean over examples and time steps)."""
+    if name == "cross_entropy":
+        return lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1).long())
+    if name == "squared":
+
+        def squared(out, y):
+            target = F.one_hot(y.long(), out.shape[-1]).to(out.dtype)
+            return (0.5 * ((out - target) ** 2).sum(-1)).mean()
+
+        return squared
+    raise ValueError(f"no PyTorch twin for loss {name!r}")
+
+
+def _tensor(a: np.ndarray):
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+@dataclasses.dataclass
+class TorchResult:
+    """Per-step losses (global batch), final parameters, and the step times."""
+
+    losses: list[float]
+    params: Flat
+    step_times: list[float]
+    first_params: Flat = dataclasses.field(default_factory=dict)  # after the first update
+
+
+def train_single(plan: TrainPlan) -> TorchResult:
+    """Plain PyTorch training in this process: forward, backward, ``optimizer.step``."""
+    require()
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
+    model = plan.model.build(plan.params, bn="native" if plan.native_bn else "local")
+    model.train()
+    opt = make_optimizer(plan.optimizer, _trainable(model), plan.momentum, plan.weight_decay)
+    criterion = loss_fn(plan.loss)
+    losses, times = [], []
+    for batch, lr in zip(plan.batches, plan.lrs, strict=True):
+        t0 = time.perf_counter()
+        _set_lr(opt, lr)
+        opt.zero_grad(set_to_none=True)
+        loss = criterion(model(_tensor(batch["x"])), _tensor(batch["y"]))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        times.append(time.perf_counter() - t0)
+        if len(losses) == 1:
+            first = export(model)
+    return TorchResult(losses, export(model), times, first)
+
+
+def _trainable(model: Any) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _set_lr(opt: Any, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn: Callable, world: int, plan: TrainPlan, extra: Any, timeout: float) -> list[Path]:
+    """Run ``fn(rank, world, port, plan, extra, out_dir)`` in ``world`` spawned processes
+    (gloo over TCP on localhost); returns the per-rank result files. A worker that
+    fails or hangs past ``timeout`` seconds stops them all with its error."""
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="refdl-torch-"))
+    ctx = mp.start_processes(
+        _worker, args=(fn, world, port, plan, extra, str(tmp)), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"PyTorch workers did not finish within {timeout:.0f} s")
+    return [tmp / f"rank{r}.npz" for r in range(world)]
+
+
+def _worker(rank: int, fn, world, port, plan, extra, out_dir) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(plan.threads or max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        fn(rank, world, plan, extra, Path(out_dir))
+    finally:
+        dist.destroy_process_group()
+
+
+def _save(path: Path, params: Flat, losses: list[float], times: list[float], first: Flat) -> None:
+    np.savez(path, **{f"p:{k}": v for k, v in params.items()},
+             **{f"f:{k}": v for k, v in first.items()},
+             __losses=np.asarray(losses), __times=np.asarray(times))  # fmt: skip
+
+
+def _read(paths: list[Path]) -> TorchResult:
+    params: Flat = {}
+    first: Flat = {}
+    losses: list[float] = []
+    times: list[float] = []
+    for p in paths:
+        with np.load(p) as z:
+            params.update({k[2:]: z[k] for k in z.files if k.startswith("p:")})
+            first.update({k[2:]: z[k] for k in z.files if k.startswith("f:")})
+            if len(z["__losses"]):
+                losses = [float(v) for v in z["__losses"]]
+            if len(z["__times"]) and not times:
+                times = [float(v) for v in z["__times"]]
+        p.unlink()
+    with contextlib.suppress(OSError):
+        paths[0].parent.rmdir()
+    return TorchResult(losses, params, times, first)
+
+
+def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = plan.model.build(plan.params, bn="sync")
+    model.train()
+    ddp = DDP(model, broadcast_buffers=False)
+    opt = make_optimizer(plan.optimizer, _trainable(model), plan.momentum, plan.weight_decay)
+    criterion = loss_fn(plan.loss)
+    losses, times = [], []
+    for batch, lr in zip(plan.batches, plan.lrs, strict=True):
+        n = batch["x"].shape[0] // world
+        x = _tensor(batch["x"][rank * n : (rank + 1) * n])
+        y = _tensor(batch["y"][rank * n : (rank + 1) * n])
+        t0 = time.perf_counter()
+        _set_lr(opt, lr)
+        opt.zero_grad(set_to_none=True)
+        loss = criterion(ddp(x), y)
+        loss.backward()  # DDP averages the gradients over the ranks here
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(mean) / world)
+        if len(losses) == 1:
+            first = export(model)
+    if rank == 0:
+        _save(out / "rank0.npz", export(model), losses, times, first)
+    else:
+        _save(out / f"rank{rank}.npz", {}, [], [], {})
+
+
+def train_ddp(plan: TrainPlan, world: int, timeout: float = 600) -> TorchResult:
+    """``DistributedDataParallel`` on ``world`` CPU processes (gloo): rank ``r`` takes
+    the ``r``-th contiguous shard of each global batch, as refdl's ``data`` does;
+    BatchNorm statistics are global (``SyncBatchNorm2d``), as in refdl."""
+    require()
+    from refdl.errors import UsageError
+
+    if plan.native_bn:
+        raise UsageError(
+            "torch.nn.SyncBatchNorm runs only on GPUs, and DDP with per-rank BatchNorm is not "
+            "refdl's data parallelism; drop --torch-batchnorm native for --strategy data"
+        )
+    if plan.batches and plan.batches[0]["x"].shape[0] % world:
+        raise UsageError(
+            f"batch {plan.batches[0]['x'].shape[0]} does not split over {world} DDP ranks"
+        )
+    return _read(_spawn(_ddp_rank, world, plan, None, timeout))
+
+
+def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    cuts, microbatches, schedule = extra
+    edges = [0, *cuts, len(plan.model.layers)]
+    bn = "native" if plan.native_bn else "local"
+    module = plan.model.build(plan.params, bn, start=edges[rank], stop=edges[rank + 1])
+    module.train()
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    # scale_grads: PyTorch sums the microbatches' gradients and then divides by their
+    # number, so the step takes the full batch's mean gradient, as refdl's does.
+    sched = cls(stage, n_microbatches=microbatches, loss_fn=loss_fn(plan.loss), scale_grads=True)
+    opt = make_optimizer(plan.optimizer, _trainable(module), plan.momentum, plan.weight_decay)
+    losses, times = [], []
+    for batch, lr in zip(plan.batches, plan.lrs, strict=True):
+        t0 = time.perf_counter()
+        _set_lr(opt, lr)
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            sched.step(_tensor(batch["x"]))
+        elif rank == world - 1:
+            mb_losses: list = []
+            sched.step(target=_tensor(batch["y"]), losses=mb_losses)
+            losses.append(float(torch.stack([v.detach() for v in mb_losses]).mean()))
+        else:
+            sched.step()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if len(times) == 1:
+            first = export(module)
+    _save(out / f"rank{rank}.npz", export(module), losses, times, first)
+
+
+def train_pipeline(
+    plan: TrainPlan, cuts: list[int], microbatches: int, schedule: str = "1f1b",
+    timeout: float = 600,
+) -> TorchResult:  # fmt: skip
+    """``torch.distributed.pipelining`` with one stage per process, cut at refdl's layer
+    indices ``cuts``; ``schedule`` is ``gpipe`` or ``1f1b``."""
+    require()
+    if schedule not in ("gpipe", "1f1b"):
+        from refdl.errors import UsageError
+
+        raise UsageError(f"PyTorch pipelining twin exists for gpipe and 1f1b, not {schedule!r}")
+    world = len(cuts) + 1
+    return _read(_spawn(_pipe_rank, world, plan, (list(cuts), microbatches, schedule), timeout))
