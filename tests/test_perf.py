@@ -169,6 +169,7 @@ def test_fit_alpha_beta_recovers_a_line():
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # ~45 s: the operation-level microbenchmarks
 def test_calibrate_writes_a_valid_profile(tmp_path):
     """Real measurement: simulated devices and 2 MPI ranks under mpirun (bounded)."""
     import subprocess
@@ -187,4 +188,149 @@ def test_calibrate_writes_a_valid_profile(tmp_path):
     assert 1e9 < prof.peak_flops < 1e13  # a 2-core CPU: tens to hundreds of GFLOP/s
     assert 1e8 < prof.memory_bandwidth < 1e12
     assert "intra" in prof.links and "inter" in prof.links  # simulated devices, MPI ranks
+    assert {"dot", "convolution", "elementwise", "dispatch"} <= prof.device.ops.keys()
     assert all(0 < lk.latency_s < 1 for lk in prof.links.values())
+
+
+# ----------------------------------------------------------------- operation-level model
+
+
+def _compiled_text(fn, *args) -> tuple[str, float]:
+    import jax
+
+    compiled = jax.jit(fn).lower(*args).compile()
+    from refdl.perf import xla_cost
+
+    return compiled.as_text(), xla_cost(compiled)[0]
+
+
+def test_hlo_parser_counts_dot_and_convolution_flops_by_hand():
+    import jax.numpy as jnp
+    from jax import lax
+
+    from refdl.perf.ops import by_kind, parse_hlo
+
+    text, xla = _compiled_text(lambda a, b: a @ b, jnp.ones((32, 48)), jnp.ones((48, 24)))
+    dots = [o for o in parse_hlo(text) if o.kind == "dot"]
+    assert len(dots) == 1 and dots[0].flops == 2 * 32 * 24 * 48 == xla
+    assert dots[0].bytes == 4 * (32 * 48 + 48 * 24 + 32 * 24)
+
+    def conv(x, w):  # VALID: no padding products, so XLA's count equals the hand count
+        return lax.conv_general_dilated(x, w, (1, 1), "VALID",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+    text, xla = _compiled_text(conv, jnp.ones((4, 10, 10, 3)), jnp.ones((5, 5, 3, 8)))
+    convs = [o for o in parse_hlo(text) if o.kind == "convolution"]
+    hand = 2 * (4 * 6 * 6 * 8) * (5 * 5 * 3)
+    assert len(convs) == 1 and convs[0].flops == hand
+    assert xla == pytest.approx(hand, rel=0.01)
+    kinds = by_kind(parse_hlo(text))
+    assert kinds["convolution"] == (1, hand)
+
+
+TRIP = 'backend_config={"known_trip_count":{"n":"3"}}'
+
+
+def test_hlo_parser_kinds_fusions_while_loops_and_skips_plumbing():
+    from refdl.perf.ops import parse_hlo
+
+    text = (
+        """HloModule m
+
+%fused_dot (p0: f32[8,4], p1: f32[4,2]) -> f32[8,2] {
+  %p0 = f32[8,4]{1,0} parameter(0)
+  %p1 = f32[4,2]{1,0} parameter(1)
+  ROOT %d = f32[8,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_add (p0: f32[8,2]) -> f32[8,2] {
+  %p0 = f32[8,2]{1,0} parameter(0)
+  ROOT %a = f32[8,2]{1,0} add(%p0, %p0)
+}
+
+%body (t: (s32[], f32[8,2])) -> (s32[], f32[8,2]) {
+  %t = (s32[], f32[8,2]{1,0}) parameter(0)
+  %x = f32[8,2]{1,0} get-tuple-element(%t), index=1
+  %y = f32[8,2]{1,0} fusion(%x), kind=kLoop, calls=%fused_add
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], f32[8,2]{1,0}) tuple(%i, %y)
+}
+
+ENTRY %main (a: f32[8,4], b: f32[4,2]) -> f32[8,2] {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[4,2]{1,0} parameter(1)
+  %c = f32[] constant(0)
+  %f = f32[8,2]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %t = (s32[], f32[8,2]{1,0}) tuple(%c, %f)
+  %w = (s32[], f32[8,2]{1,0}) while(%t), condition=%cond, body=%body, """
+        + TRIP
+        + """
+  %g = f32[8,2]{1,0} get-tuple-element(%w), index=1
+  %s = f32[8,2]{1,0} all-reduce(%g), replica_groups={}, to_apply=%add
+  ROOT %z = f32[8,2]{1,0} some-new-op(%s)
+}
+"""
+    )
+    ops = parse_hlo(text)
+    assert [o.kind for o in ops] == ["dot", "elementwise", "elementwise", "elementwise",
+                                     "collective", "other"]  # fmt: skip
+    assert ops[0].flops == 2 * 8 * 2 * 4 and ops[0].size == ops[0].flops
+    assert ops[1].size == ops[1].bytes == 2 * 4 * 16  # one read, one write of 8x2 fp32
+
+
+def test_hockney_fit_recovers_hand_values():
+    from refdl.perf.ops import OpRate, fit_hockney
+
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    t0, rate = fit_hockney(sizes, [5e-6 + n / 2e9 for n in sizes])
+    assert t0 == pytest.approx(5e-6) and rate == pytest.approx(2e9)
+    assert OpRate(t0, rate).time(4e9, count=3) == pytest.approx(1.5e-5 + 2.0)
+    t0, rate = fit_hockney([1e3, 1e6], [1e-6, 1e-3])  # a pure rate: no start-up
+    assert t0 == pytest.approx(0.0, abs=1e-12) and rate == pytest.approx(1e9)
+
+
+def test_op_rates_round_trip_and_a_bad_table_names_the_key(tmp_path):
+    from refdl.perf.ops import OpRate
+
+    local = hw.load("local")
+    assert "dot" in local.device.ops and "dispatch" in local.device.ops
+    text = hw.dumps(local)
+    assert "[device.ops.dot]" in text
+    again = hw.parse(tomllib.loads(text), "round-trip")
+    assert again == local and isinstance(again.device.ops["dot"], OpRate)
+    bad = tmp_path / "bad.toml"
+    for edit, message in [
+        (lambda t: t.replace("[device.ops.dot]", "[device.ops.matmul]"), "key device.ops.matmul"),
+        (lambda t: t.replace("[device.ops.dot]\nt0_s = ", "[device.ops.dot]\nt0_s = -"),
+         "key device.ops.dot.t0_s must be a number >= 0"),
+        (lambda t: t.replace("[device.ops.dot]\nt0_s", "[device.ops.dot]\nxx"),
+         "key device.ops.dot.t0_s must be a number >= 0"),
+    ]:  # fmt: skip
+        bad.write_text(edit(text))
+        with pytest.raises(UsageError, match=message.replace(".", r"\.")):
+            hw.load(bad)
+
+
+def test_gpu_profiles_have_no_op_rates_and_keep_the_roofline():
+    from refdl.perf import compute_time, roofline_time
+    from refdl.perf.ops import OpWork
+
+    p100 = hw.load("p100-nvlink")
+    assert p100.device.ops == {}
+    work = OpWork({"dot": (10, 1e12)})
+    assert compute_time(1e9, 1e6, p100, work=work) == pytest.approx(roofline_time(1e9, 1e6, p100))
+
+
+def test_op_time_sums_hockney_terms_and_falls_back():
+    import dataclasses
+
+    from refdl.perf.ops import OpRate, OpWork, op_time
+
+    local = hw.load("local")
+    rates = {"dot": OpRate(1e-6, 1e10), "other": OpRate(2e-6, 1e9)}
+    work = OpWork({"dot": (4, 1e8), "reduce": (2, 1e6), "convolution": (1, 1e9)})
+    dev = dataclasses.replace(local.device, op_overhead_s=1e-6)
+    prof = dataclasses.replace(local, device=dev)
+    expect = (4e-6 + 1e-2) + (4e-6 + 1e-3) + (1e9 / prof.peak_flops + 1e-6)
+    assert op_time(work, rates, prof) == pytest.approx(expect)
+    assert work.scaled(share=0.5, repeat=2).kinds["dot"] == (8, 5e7)

@@ -120,7 +120,7 @@ def test_shared_cores_scale_compute_by_the_devices_sharing_them():
     assert local.device.shared_cores and local.device.dispatch_s > 0
     one = compute_time(1e9, 0, local, ops=10, calls=1, sharing=1)
     four = compute_time(1e9, 0, local, ops=10, calls=1, sharing=4)
-    d = local.device.dispatch_s
+    d = compute_time(0, 0, local, calls=1)  # the host's dispatch: not shared
     assert four - d == pytest.approx(4 * (one - d))
     assert compute_time(1e9, 0, P100, ops=10, sharing=4) == pytest.approx(1e9 / 10.6e12)
 
@@ -170,3 +170,21 @@ def test_overhead_keys_round_trip_and_are_checked(tmp_path):
     bad.write_text(text.replace("dispatch_s = ", "dispatch_s = -"))
     with pytest.raises(UsageError, match=re.escape("device.dispatch_s must be a number >= 0")):
         hw.load(bad)
+
+
+def test_refdl_model_cost_carries_its_operations_and_local_uses_them():
+    from refdl.perf.ops import OpWork, op_time
+
+    m = model_cost("mlp")
+    kinds = {k: (c, f, p) for k, c, f, p in m.op_kinds}
+    assert kinds["dot"][0] >= 6 and m.state_leaves > 10 and m.input_leaves == 2
+    # the mlp's dots: 64 -> 256 -> 256 -> 10, forward and weight gradient of each layer,
+    # input gradient of the last two (none for the data), 2 FLOPs per multiply-add
+    macs = 2 * (64 * 256 + 256 * 256 + 256 * 10) + (256 * 256 + 256 * 10)
+    assert kinds["dot"][2] == pytest.approx(2 * macs)
+    local = hw.load("local")
+    c = K.single(m, local, 64, 1, PredictOptions())
+    device = op_time(m.op_work(64), local.device.ops, local)
+    assert device > 0 and c.compute_s > device  # plus the host's dispatch and transfer
+    assert isinstance(m.op_work(8), OpWork)
+    assert model_cost("alexnet").op_kinds == ()  # shape-only: the roofline

@@ -19,6 +19,7 @@ from typing import Any
 
 from refdl.errors import UsageError
 from refdl.perf.collectives import Link
+from refdl.perf.ops import HOST_KINDS, KINDS, OpRate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,9 @@ class DeviceSpec:
     dispatch_s: float = 0.0  # host time to launch one compiled step (a jitted call)
     op_overhead_s: float = 0.0  # fixed time per executed operation (kernel / thunk)
     shared_cores: bool = False  # several devices share one host's cores (simulated devices)
+    # Hockney t0 / rate per operation kind ([device.ops.<kind>], refdl.perf.ops); empty:
+    # the roofline plus op_overhead_s is used instead.
+    ops: dict[str, OpRate] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +111,28 @@ def _flag(raw: dict, key: str, path: str) -> bool:
     return value
 
 
+def _op_rates(dev: dict, path: str) -> dict[str, OpRate]:
+    """The optional ``[device.ops.<kind>]`` tables: ``t0_s`` >= 0, ``rate`` > 0, ``source``."""
+    raw = dev.get("ops", {})
+    if not isinstance(raw, dict):
+        raise UsageError(f"hardware profile {path}: key device.ops must be a table of kinds")
+    out = {}
+    for kind, table in raw.items():
+        where = f"device.ops.{kind}."
+        if kind not in KINDS + HOST_KINDS or not isinstance(table, dict):
+            raise UsageError(
+                f"hardware profile {path}: key device.ops.{kind}: not a table of an operation "
+                f"kind ({', '.join(KINDS + HOST_KINDS)})"
+            )
+        t0 = table.get("t0_s")
+        if isinstance(t0, bool) or not isinstance(t0, (int, float)) or not t0 >= 0:
+            raise UsageError(f"hardware profile {path}: key {where}t0_s must be a number >= 0")
+        out[kind] = OpRate(
+            float(t0), _positive(table, "rate", where, path), _text(table, "source", where, path)
+        )
+    return out
+
+
 def _text(raw: dict, key: str, where: str, path: str) -> str:
     value = raw.get(key)
     if not isinstance(value, str) or not value.strip():
@@ -133,6 +159,7 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         dispatch_s=_nonneg(dev, "dispatch_s", path),
         op_overhead_s=_nonneg(dev, "op_overhead_s", path),
         shared_cores=_flag(dev, "shared_cores", path),
+        ops=_op_rates(dev, path),
     )
     links_raw = raw.get("links")
     if not isinstance(links_raw, dict) or not links_raw:
@@ -221,6 +248,13 @@ def dumps(profile: HardwareProfile) -> str:
             lines.append(f"{key} = {getattr(d, key)!r}")
     if d.shared_cores:
         lines.append("shared_cores = true")
+    for kind, rate in d.ops.items():
+        lines += ["", f"[device.ops.{kind}]"]
+        lines += [
+            f"t0_s = {rate.t0_s!r}",
+            f"rate = {rate.rate!r}",
+            f"source = {value(rate.source)}",
+        ]
     for name, lk in profile.links.items():
         lines += ["", f"[links.{name}]"]
         lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)]

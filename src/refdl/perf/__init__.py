@@ -56,20 +56,39 @@ def compute_time(
     flops: float,
     bytes_accessed: float,
     hw: Any,
-    ops: int = 0,
-    calls: int = 1,
+    ops: float = 0,
+    calls: float = 1,
     sharing: int = 1,
+    work: Any = None,
+    leaves: float = 0.0,
+    transfer: tuple[float, float] = (0.0, 0.0),
 ) -> float:
-    """Time of one device's share of a step: the roofline of its FLOPs and bytes plus
-    ``ops`` x the device's per-operation overhead, times ``sharing`` when that many
-    devices share one host's cores (simulated devices), plus ``calls`` host dispatches.
-    The overheads are 0 where a profile does not give them (``refdl.hw calibrate``
-    measures them)."""
+    """Time of one device's share of a step, times ``sharing`` when that many devices
+    share one host's cores (simulated devices), plus the host's work.
+
+    Device: where the profile has operation rates (``[device.ops.*]``) and ``work``
+    (``refdl.perf.ops.OpWork``) is given, the sum over operation kinds of Hockney's
+    ``count x t0 + n / r_inf`` (``refdl.perf.ops.op_time``); else the roofline of the
+    FLOPs and bytes plus ``ops`` x the per-operation overhead. Host: ``calls`` dispatches
+    (``dispatch``: ``calls x t0 + leaves / r``, leaves the argument leaves over all calls;
+    else ``calls x dispatch_s``) plus ``transfer = (arrays, bytes)`` put on the device
+    (``arrays x t0 + bytes / r``). Overheads a profile does not give are 0."""
+    from refdl.perf.ops import op_time
+
     dev = getattr(hw, "device", None)
-    op_s = getattr(dev, "op_overhead_s", 0.0)
-    dispatch = getattr(dev, "dispatch_s", 0.0)
+    rates = getattr(dev, "ops", {}) or {}
     share = sharing if getattr(dev, "shared_cores", False) else 1
-    return (roofline_time(flops, bytes_accessed, hw) + ops * op_s) * share + calls * dispatch
+    if work is not None and work.kinds and rates:
+        device = op_time(work, rates, hw)
+    else:
+        device = roofline_time(flops, bytes_accessed, hw) + ops * getattr(dev, "op_overhead_s", 0.0)
+    if "dispatch" in rates:
+        host = rates["dispatch"].time(leaves, calls)
+    else:
+        host = calls * getattr(dev, "dispatch_s", 0.0)
+    if "transfer" in rates and transfer[0]:
+        host += rates["transfer"].time(transfer[1], transfer[0])
+    return device * share + host
 
 
 def exposed(comm_s: float, compute_s: float, overlap: float) -> float:

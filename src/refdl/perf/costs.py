@@ -3,8 +3,11 @@
 Each strategy class exposes its formula as ``Strategy.predict_cost`` (so a new
 strategy brings its own); the formulas live here side by side so they can be
 read and compared. Conventions: ``batch`` is the global batch of one step,
-``workers`` the devices (ranks) it runs on; compute is the roofline of XLA's
-FLOPs and bytes for the work one device does (``refdl.perf.compute_time``);
+``workers`` the devices (ranks) it runs on; compute is, for the work one device
+does (``refdl.perf.compute_time``), the sum of Hockney's ``t0 + n / r_inf`` over
+the compiled step's operations where the profile gives operation rates and the
+model was compiled (``refdl.perf.ops``), else the roofline of XLA's FLOPs and
+bytes, plus the host's dispatch and batch transfer;
 communication is alpha-beta (``refdl.perf.collectives``) on the link the
 profile gives for that many workers; compute and communication do not overlap
 unless ``PredictOptions.overlap`` says so (Horovod-style overlap hides at most
@@ -34,16 +37,29 @@ def _link(hw, workers: int, opts: PredictOptions):
     return hw.link(workers).alpha_beta()
 
 
+def _host(m: ModelCost, batch: float, buffers: int = 1) -> dict:
+    """Host work of one step call: the state's and the batch's argument leaves (each of
+    ``buffers`` device buffers, one per device it is split over) and the batch put on the
+    devices (``compute_time``'s ``leaves`` and ``transfer``)."""
+    leaves = (m.state_leaves + m.input_leaves) * buffers
+    return {
+        "leaves": leaves,
+        "transfer": (m.input_leaves * buffers, batch * m.input_bytes_per_sample),
+    }
+
+
 def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> float:
     """Parameters, gradients and optimizer words per device, for a 1/shard share."""
     return (2 + opts.optimizer_words) * m.param_bytes / shard
 
 
 def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
-    """The whole step on one device: roofline compute, no communication."""
+    """The whole step on one device: compute (operations or roofline), no communication."""
     if workers != 1:
         raise UsageError("--strategy single runs on 1 worker; use --workers 1")
-    t = compute_time(m.flops(batch), m.bytes(batch), hw, ops=m.ops)
+    t = compute_time(
+        m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **_host(m, batch)
+    )
     mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
     return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
 
@@ -51,7 +67,8 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers)
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
+                     work=m.op_work(b), **_host(m, batch, workers))  # fmt: skip
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
@@ -71,8 +88,9 @@ def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     """Every layer split P ways: 1/P of the compute and state, and per layer two
     allreduces (forward, backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
     t = compute_time(
-        m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers
-    )
+        m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers,
+        work=m.op_work(batch).scaled(share=1 / workers), **_host(m, batch, workers),
+    )  # fmt: skip
     link = _link(hw, workers, opts)
     comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
     mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
@@ -93,10 +111,16 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     # The host executor makes one call per forward and per backward of a microbatch on a
     # stage chunk, plus one optimizer update per stage; per microbatch a stage runs about
     # 1/p of the step's operations.
+    # Host: each call passes a stage's share of the state and a microbatch (or its
+    # gradient), each forward and backward puts one array on its stage's device.
     calls = 2 * mb * p * v + p
     t = compute_time(
-        m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p
-    )
+        m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p,
+        work=m.op_work(batch / mb).scaled(share=mb / p, repeat=mb / p),
+        leaves=calls * (m.state_leaves / p + m.input_leaves),
+        transfer=(2 * mb * p * v, batch * (m.input_bytes_per_sample
+                                           + 2 * m.boundary_bytes_per_sample)),
+    )  # fmt: skip
     f = analytic_bubble(opts.schedule, p, mb, v) if p > 1 else 0.0
     if getattr(getattr(hw, "device", None), "shared_cores", False):
         f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
@@ -122,7 +146,15 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
     d, tp, pp = mesh.data, mesh.model, mesh.pipe
     b = batch / d
-    t = compute_time(m.flops(b) / (tp * pp), m.bytes(b) / (tp * pp), hw, ops=m.ops, sharing=workers)
+    t = compute_time(
+        m.flops(b) / (tp * pp),
+        m.bytes(b) / (tp * pp),
+        hw,
+        ops=m.ops,
+        sharing=workers,
+        work=m.op_work(b).scaled(share=1 / (tp * pp)),
+        **_host(m, batch, workers),
+    )
     link_tp = _link(hw, tp, opts)
     tp_comm = 2 * m.layers / pp * allreduce_ring(b * m.boundary_bytes_per_sample, tp, link_tp)
     dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, _link(hw, workers, opts))
@@ -147,7 +179,8 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     links bound the rate (Ben-Nun & Hoefler 2019, section 7.1)."""
     k = opts.servers
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k)
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k,
+                     work=m.op_work(b), **_host(m, b))  # fmt: skip
     link = _link(hw, workers + k, opts)
     sync = ps_push_pull(m.param_bytes, workers, link, k)
     if opts.ps_mode == "sync":
@@ -171,7 +204,8 @@ def decentralized(
     """Each worker computes B/P, then sends its replica to each graph neighbour through
     its one link (serialised: ``d (alpha + n beta)``, d the mean degree)."""
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers)
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
+                     work=m.op_work(b), **_host(m, b))  # fmt: skip
     degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
     link = _link(hw, workers, opts)
     comm = degree * neighbour_exchange(m.param_bytes, 1, link) if workers > 1 else 0.0

@@ -55,6 +55,19 @@ class ModelCost:
     boundary_bytes_per_sample: float  # a typical stage boundary (largest layer output / 4)
     layers: int
     ops: int = 0  # operations XLA executes per step (compiled refdl models; 0: not counted)
+    # Per operation kind of the compiled step (refdl.perf.ops): (kind, count, n_fixed,
+    # n_per_sample), n = FLOPs or bytes; empty for shape-only models (not compiled).
+    op_kinds: tuple[tuple[str, float, float, float], ...] = ()
+    state_leaves: int = 0  # arrays of the training state (arguments of a step call)
+    input_leaves: int = 0  # arrays of one batch (x, y)
+    input_bytes_per_sample: float = 0.0  # bytes of one sample's x and y
+
+    def op_work(self, batch: float) -> Any:
+        """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
+        ``n_fixed + batch x n_per_sample`` (linear between the two compiled batches)."""
+        from refdl.perf.ops import OpWork
+
+        return OpWork({k: (c, max(f + batch * p, 0.0)) for k, c, f, p in self.op_kinds})
 
     def flops(self, batch: float) -> float:
         return self.flops_fixed + batch * self.flops_per_sample
@@ -420,6 +433,7 @@ def _refdl_model_cost(name: str) -> ModelCost:
         }
         costs.append(_lowered_cost(task.step, state, batch))
     ops = count_ops(jax.jit(task.step).lower(state, batch).compile().as_text())
+    kinds = op_kinds(task.step, state, run.dataset.train_batch(np.arange(1)))
     x = jax.ShapeDtypeStruct(np.shape(task.sample_x), np.asarray(task.sample_x).dtype)
     outs, params = [], _count(state.params)
     for layer in task.model.layers:  # each layer's output size, abstractly
@@ -427,7 +441,39 @@ def _refdl_model_cost(name: str) -> ModelCost:
             lambda x, layer=layer: layer.init_with_output(jax.random.key(0), x, train=False), x
         )
         outs.append(math.prod(x.shape[1:]))
-    return _finish(name, params, costs, outs, ops)
+    sample = run.dataset.train_batch(np.arange(1))
+    return dataclasses.replace(
+        _finish(name, params, costs, outs, ops),
+        op_kinds=kinds,
+        state_leaves=len(jax.tree.leaves(state)),
+        input_leaves=len(jax.tree.leaves(sample)),
+        input_bytes_per_sample=float(sum(np.asarray(v).nbytes for v in sample.values())),
+    )
+
+
+OP_BATCHES = (16, 64)  # compile the step at these batches; sizes are linear in between
+
+
+def op_kinds(
+    step: Callable, state: Any, sample: dict
+) -> tuple[tuple[str, float, float, float], ...]:
+    """``(kind, count, n_fixed, n_per_sample)`` per operation kind of the compiled ``step``
+    (``refdl.perf.ops.parse_hlo``), from compiling it at two batches (``OP_BATCHES``): the
+    count is the larger batch's, n a line through the two."""
+    from refdl.perf.ops import by_kind, parse_hlo
+
+    aggs = []
+    for b in OP_BATCHES:
+        batch = {k: jax.ShapeDtypeStruct((b, *np.shape(v)[1:]), np.asarray(v).dtype)
+                 for k, v in sample.items()}  # fmt: skip
+        aggs.append(by_kind(parse_hlo(jax.jit(step).lower(state, batch).compile().as_text())))
+    (b1, b2), (a1, a2) = OP_BATCHES, aggs
+    out = []
+    for kind, (count, n2) in sorted(a2.items()):
+        n1 = a1.get(kind, (0, 0.0))[1]
+        per = max((n2 - n1) / (b2 - b1), 0.0)
+        out.append((kind, float(count), max(n2 - b2 * per, 0.0), per))
+    return tuple(out)
 
 
 def count_ops(hlo_text: str) -> int:
