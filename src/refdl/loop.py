@@ -60,6 +60,7 @@ SUMMARY_KEYS = (
     "params_l2_norm",
     "peak_memory_bytes",
 )
+TRAIN_EVAL_SIZE = 2048  # training examples evaluated for train_accuracy
 FINAL_LOSS_WINDOW = 10  # final_train_loss = mean loss of the last 10 steps
 
 
@@ -151,6 +152,15 @@ def evaluate(run: Run, host_state: TrainState, eval_fn=None) -> dict[str, float]
     out = {"test_loss": loss, "test_accuracy": totals["correct"] / totals["count"]}
     if run.dataset.info.kind == "tokens":
         out["test_perplexity"] = math.exp(min(loss, 700.0))
+    # Deep500's TrainingAccuracy: the same sums over the first (at most TRAIN_EVAL_SIZE)
+    # training examples, a fixed subset so successive evaluations are comparable.
+    n = min(run.dataset.info.train_size, TRAIN_EVAL_SIZE)
+    correct = count = 0.0
+    for lo in range(0, n, 512):
+        batch = run.dataset.train_batch(np.arange(lo, min(lo + 512, n)))
+        sums = eval_fn(host_state.params, host_state.model_state, batch)
+        correct, count = correct + float(sums["correct"]), count + float(sums["count"])
+    out["train_accuracy"] = correct / count if count else None
     return out
 
 
@@ -325,6 +335,7 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
                     "epoch": epoch_of(step, spec.batch_size, n_train),
                     "step_time_s": dt,
                     "samples_per_second": spec.batch_size / dt,
+                    "elapsed_s": time.perf_counter() - t_start,
                 }
                 row.update({k: _jsonable(v) for k, v in metrics.items() if k != "loss"})
                 if evaluated:
@@ -461,6 +472,7 @@ def _summary(
         "final_train_loss": float(np.mean(losses[-FINAL_LOSS_WINDOW:])) if losses else None,
         "test_accuracy": last_eval.get("test_accuracy"),
         "test_loss": last_eval.get("test_loss"),
+        "train_accuracy": last_eval.get("train_accuracy"),
         "samples_per_second": spec.batch_size / median if median else None,
         "step_time_median_s": median,
         "compile_step_time_s": times[0] if times else None,

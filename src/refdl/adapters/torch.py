@@ -324,7 +324,7 @@ if torch is not None:
         def forward(self, x):
             for b in self.blocks:
                 x = b(x)
-            return x
+            return x.contiguous()  # pipelining sends stage outputs; gloo needs contiguous
 
         def links(self) -> Iterator[Link]:
             for b in self.blocks:

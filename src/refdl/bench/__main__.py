@@ -1,13 +1,60 @@
 """``python -m refdl.bench COMMAND``: benchmarks that check refdl against measurement.
 
 .venv/bin/python -m refdl.bench predict-vs-measure [--mpi] [--out FILE.json]
+.venv/bin/python -m refdl.bench run recipes/FILE.toml [--set KEY=VALUE ...] [--out DIR] [--json]
+.venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 --strategy data --devices 1,2,4
+
+Exit status: 0 done (run: every metric within its bounds); 1 a recipe's metric missed
+its threshold; 2 bad input.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 
-COMMANDS = ("predict-vs-measure",)
+COMMANDS = ("predict-vs-measure", "run", "compare")
+
+
+def _simulated_devices() -> None:
+    from refdl.bench import predict_vs_measure
+
+    predict_vs_measure.configure()  # before JAX starts
+
+
+def run_main(argv: list[str]) -> int:
+    """``bench run``: one or more recipes; exit 1 when any metric misses its bounds."""
+    from refdl.bench import recipes
+    from refdl.errors import UsageError
+
+    ap = argparse.ArgumentParser(prog="python -m refdl.bench run")
+    ap.add_argument("recipes", nargs="+", help="recipe TOML files")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="change a mutable key of the recipe")  # fmt: skip
+    ap.add_argument("--out", help="run directory (one recipe) for the run's files")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        overrides = {}
+        for pair in args.set:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise UsageError(f"--set {pair!r}: give KEY=VALUE")
+            overrides[key.replace("-", "_")] = value
+        if args.out and len(args.recipes) > 1:
+            raise UsageError("--out takes one recipe; run the recipes one by one")
+        loaded = [recipes.load(p) for p in args.recipes]  # check every file before running
+        results = [recipes.run(r, overrides, args.out) for r in loaded]
+    except UsageError as e:
+        print(f"refdl.bench run: error: {e}", file=sys.stderr)
+        return 2
+    for r in results:
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            recipes.print_result(r)
+    return 0 if all(r["passed"] for r in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,9 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "predict-vs-measure":
         from refdl.bench import predict_vs_measure
 
-        predict_vs_measure.configure()
+        _simulated_devices()
         return predict_vs_measure.main(argv[1:])
-    return 2
+    if argv[0] == "run":
+        return run_main(argv[1:])
+    _simulated_devices()
+    from refdl.bench import compare
+
+    return compare.main(argv[1:])
 
 
 if __name__ == "__main__":

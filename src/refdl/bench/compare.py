@@ -1,0 +1,193 @@
+"""``python -m refdl.bench compare``: samples/s of refdl and PyTorch side by side, one run.
+
+For each device count the same model, batch and optimizer train for ``--steps``
+steps in refdl (the strategy on simulated CPU devices in this process) and in
+PyTorch (one process, ``DistributedDataParallel`` over gloo, or
+``torch.distributed.pipelining``, one process per worker); samples/s is the
+global batch over the median step time after ``--warmup`` steps. The two sides
+alternate ``--rounds`` times so a noisy moment does not hit one side only.
+Each PyTorch process gets ``cores / workers`` intra-op threads (at least 1), as
+refdl's simulated devices share the host's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FRAMEWORKS = ("refdl", "torch")
+
+
+def refdl_step_times(model: str, strategy: str, devices: int, steps: int, batch: int) -> list[float]:
+    """Step times of refdl's ``strategy`` on ``devices`` simulated devices."""
+    import jax
+
+    from refdl.loop import build, global_batch
+    from refdl.spec import RunSpec
+
+    run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
+                        batch_size=batch, progress=False))  # fmt: skip
+    state = run.strategy.init_state(0)
+    times = []
+    for t in range(steps):
+        b = global_batch(run, t)
+        t0 = time.perf_counter()
+        state, metrics = run.strategy.train_step(state, b)
+        jax.block_until_ready((state, metrics["loss"]))
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def torch_step_times(model: str, strategy: str, devices: int, steps: int, batch: int) -> list[float]:
+    """Step times of the same training in PyTorch (``refdl.adapters.torch``)."""
+    import jax
+
+    from refdl.adapters import torch as adapter
+    from refdl.loop import build, global_batch
+    from refdl.spec import RunSpec
+
+    run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
+                        batch_size=batch, progress=False))  # fmt: skip
+    s = run.spec
+    plan = adapter.TrainPlan(
+        model=adapter.ModelPlan.of(run.task.model, run.task.sample_x),
+        params=adapter.flatten(jax.device_get(run.task.init_state(s.seed).params)),
+        batches=tuple(global_batch(run, t) for t in range(steps)),
+        lrs=tuple(float(run.schedule(t)) for t in range(steps)),
+        optimizer=s.optimizer,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
+        loss=s.loss,
+    )
+    if strategy == "pipeline":
+        return adapter.train_pipeline(plan, run.strategy.boundaries, s.microbatches,
+                                      s.schedule).step_times  # fmt: skip
+    if strategy == "single":
+        return adapter.train_single(plan).step_times
+    return adapter.train_ddp(plan, devices).step_times
+
+
+def compare(
+    frameworks: list[str], model: str, strategy: str, devices: list[int], steps: int,
+    warmup: int, rounds: int, batch: int,
+) -> dict[str, Any]:  # fmt: skip
+    """samples/s of each framework at each device count, and refdl / torch."""
+    times: dict[tuple[str, int], list[float]] = {(f, d): [] for f in frameworks for d in devices}
+    for r in range(rounds):
+        for d in devices:
+            for f in frameworks:
+                print(f"round {r + 1}/{rounds}: {f} {strategy} x{d}", file=sys.stderr)
+                fn = refdl_step_times if f == "refdl" else torch_step_times
+                times[(f, d)] += fn(model, strategy, d, steps, batch)[warmup:]
+    rows = []
+    for d in devices:
+        row: dict[str, Any] = {"devices": d}
+        for f in frameworks:
+            med = statistics.median(times[(f, d)])
+            row[f"{f}_step_s"] = med
+            row[f"{f}_samples_per_s"] = batch / med
+        if set(FRAMEWORKS) <= set(frameworks):
+            row["refdl_vs_torch"] = row["refdl_samples_per_s"] / row["torch_samples_per_s"]
+        rows.append(row)
+    import os
+
+    return {
+        "model": model,
+        "strategy": strategy,
+        "global_batch": batch,
+        "steps": steps,
+        "warmup": warmup,
+        "rounds": rounds,
+        "cores": os.cpu_count(),
+        "rows": rows,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """samples/s against devices, one line per framework."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    devices = [r["devices"] for r in result["rows"]]
+    for f in FRAMEWORKS:
+        key = f"{f}_samples_per_s"
+        if key in result["rows"][0]:
+            ax.plot(devices, [r[key] for r in result["rows"]], marker="o", label=f)
+    ax.set_xlabel("devices / processes")
+    ax.set_ylabel("samples/s")
+    ax.set_xticks(devices)
+    ax.set_title(f"{result['model']} {result['strategy']}, batch {result['global_batch']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from refdl.errors import UsageError
+
+    ap = argparse.ArgumentParser(prog="python -m refdl.bench compare",
+                                 description=__doc__.split("\n")[0])  # fmt: skip
+    ap.add_argument("--frameworks", default="refdl,torch")
+    ap.add_argument("--model", default="lenet5")
+    ap.add_argument("--strategy", default="data", help="single, data or pipeline")
+    ap.add_argument("--devices", default="1,2,4")
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--out", help="directory for compare_<model>_<strategy>.json/.png")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+        bad = sorted(set(frameworks) - set(FRAMEWORKS))
+        if bad or not frameworks:
+            raise UsageError(f"--frameworks: choose from {', '.join(FRAMEWORKS)} (got {bad})")
+        try:
+            devices = [int(v) for v in args.devices.split(",") if v.strip()]
+        except ValueError:
+            raise UsageError(f"--devices {args.devices!r}: give counts like 1,2,4") from None
+        if not devices or min(devices) < 1 or max(devices) > 8:
+            raise UsageError("--devices: counts between 1 and 8")
+        if args.strategy not in ("single", "data", "pipeline"):
+            raise UsageError("--strategy: single, data or pipeline (the ones PyTorch twins)")
+        if args.strategy == "single" and devices != [1]:
+            raise UsageError("--strategy single runs on 1 device: --devices 1")
+        if args.warmup >= args.steps:
+            raise UsageError("--warmup must be smaller than --steps")
+        if "torch" in frameworks:
+            from refdl.adapters import torch as adapter
+
+            adapter.require()
+        result = compare(frameworks, args.model, args.strategy, devices, args.steps,
+                         args.warmup, args.rounds, args.batch_size)  # fmt: skip
+    except UsageError as e:
+        print(f"refdl.bench compare: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        head = "".join(f" {f + ' samples/s':>18s}" for f in frameworks)
+        print(f"{result['model']} {result['strategy']}, global batch {result['global_batch']}")
+        print(f"{'devices':>7s}{head} {'refdl/torch':>12s}")
+        for r in result["rows"]:
+            cells = "".join(f" {r[f + '_samples_per_s']:18.0f}" for f in frameworks)
+            ratio = f"{r['refdl_vs_torch']:12.2f}" if "refdl_vs_torch" in r else ""
+            print(f"{r['devices']:7d}{cells} {ratio}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"compare_{args.model}_{args.strategy}"
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, out / f"{stem}.png")
+        print(f"wrote {out / stem}.json and .png", file=sys.stderr)
+    return 0

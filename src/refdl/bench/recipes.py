@@ -1,0 +1,228 @@
+"""Deep500-style recipes: a TOML file fixes a benchmark, names what may change, and
+states the acceptable metric set; ``python -m refdl.bench run FILE`` checks it.
+
+A recipe::
+
+    [recipe]
+    name = "digits-data"
+    description = "..."
+
+    [fixed]          # the definition of the benchmark: never overridden
+    model = "lenet5"
+    dataset = "digits"
+    steps = 300
+
+    [mutable]        # defaults that --set KEY=VALUE may change
+    strategy = "data"
+    devices = 2      # simulated devices; or ranks = 4 to launch under mpirun
+
+    [acceptable]     # Deep500 metric -> bounds (refdl.bench.metrics.METRICS)
+    TestAccuracy = { min = 0.9 }
+    WallclockTime = { max = 300 }
+
+    [options]        # how to measure, not what
+    target_accuracy = 0.9   # for TimeToAccuracy
+    timeout = 900
+
+Keys of ``[fixed]`` and ``[mutable]`` are ``python -m refdl.train`` flags
+(``batch_size`` for ``--batch-size``; lists for repeatable flags such as
+``model_opt``); ``ranks`` runs the job with ``mpirun -n RANKS``. The run's
+files are kept in ``--out`` (a temporary directory otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from refdl.bench.metrics import METRICS, from_run, read_run
+from refdl.errors import UsageError
+
+SECTIONS = ("recipe", "fixed", "mutable", "acceptable", "options")
+OPTIONS = {"target_accuracy": float, "timeout": float}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A parsed recipe (see the module docstring)."""
+
+    name: str
+    description: str
+    fixed: dict[str, Any]
+    mutable: dict[str, Any]
+    acceptable: dict[str, dict[str, float]]
+    options: dict[str, Any]
+    path: str = "<recipe>"
+
+    def settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's settings: ``fixed`` plus ``mutable`` with ``overrides`` applied."""
+        out = dict(self.mutable)
+        for key, value in (overrides or {}).items():
+            if key in self.fixed:
+                raise UsageError(
+                    f"{self.path}: {key} is fixed by the recipe; only its mutable keys "
+                    f"({', '.join(sorted(self.mutable)) or 'none'}) may be --set"
+                )
+            if key not in self.mutable:
+                raise UsageError(
+                    f"{self.path}: no mutable key {key!r}; the recipe's mutable keys are "
+                    f"{', '.join(sorted(self.mutable)) or 'none'}"
+                )
+            out[key] = _like(key, value, self.mutable[key])
+        return {**self.fixed, **out}
+
+
+def _like(key: str, raw: Any, default: Any) -> Any:
+    if not isinstance(raw, str) or isinstance(default, str):
+        return raw
+    try:
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes")
+        return type(default)(raw)
+    except ValueError:
+        raise UsageError(f"--set {key}={raw!r}: expected a value like {default!r}") from None
+
+
+def load(path: str | Path) -> Recipe:
+    """Read and check a recipe; a bad file raises UsageError naming the key."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"recipe {path}: no such file")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"recipe {path}: not valid TOML ({e})") from None
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise UsageError(f"recipe {path}: unknown section(s) {unknown}; use {', '.join(SECTIONS)}")
+    head = raw.get("recipe", {})
+    fixed, mutable = dict(raw.get("fixed", {})), dict(raw.get("mutable", {}))
+    both = sorted(set(fixed) & set(mutable))
+    if both:
+        raise UsageError(f"recipe {path}: {both} both fixed and mutable; keep each in one")
+    if "model" not in fixed:
+        raise UsageError(f"recipe {path}: [fixed] must name the model")
+    acceptable: dict[str, dict[str, float]] = {}
+    for metric, bounds in raw.get("acceptable", {}).items():
+        if metric not in METRICS:
+            raise UsageError(
+                f"recipe {path}: [acceptable] {metric} is not a metric; "
+                f"known: {', '.join(METRICS)}"
+            )
+        if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
+            raise UsageError(f"recipe {path}: [acceptable] {metric} needs {{ min = ... }} "
+                             "and/or { max = ... }")  # fmt: skip
+        acceptable[metric] = {k: float(v) for k, v in bounds.items()}
+    if not acceptable:
+        raise UsageError(f"recipe {path}: [acceptable] names no metric")
+    options = dict(raw.get("options", {}))
+    for key, value in options.items():
+        if key not in OPTIONS:
+            raise UsageError(f"recipe {path}: unknown option {key!r}; known: {', '.join(OPTIONS)}")
+        options[key] = OPTIONS[key](value)
+    if "TimeToAccuracy" in acceptable and "target_accuracy" not in options:
+        raise UsageError(f"recipe {path}: TimeToAccuracy needs [options] target_accuracy")
+    return Recipe(
+        name=str(head.get("name", p.stem)),
+        description=str(head.get("description", "")),
+        fixed=fixed,
+        mutable=mutable,
+        acceptable=acceptable,
+        options=options,
+        path=str(path),
+    )
+
+
+def train_argv(settings: dict[str, Any], out: str) -> tuple[list[str], int]:
+    """``python -m refdl.train`` arguments for ``settings``, and the MPI rank count (0: none)."""
+    argv = ["-m", "refdl.train", "--no-progress", "--out", out, "--checkpoint-every", "0"]
+    ranks = 0
+    for key, value in settings.items():
+        if key == "ranks":
+            ranks = int(value)
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                argv.append(flag)
+        elif isinstance(value, list):
+            for v in value:
+                argv += [flag, str(v)]
+        else:
+            argv += [flag, str(value)]
+    return argv, ranks
+
+
+def check(recipe: Recipe, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per acceptable metric: value, bounds and whether it passed."""
+    rows = []
+    for name, bounds in recipe.acceptable.items():
+        value = metrics.get(name)
+        ok = value is not None
+        if ok and "min" in bounds:
+            ok = value >= bounds["min"]
+        if ok and "max" in bounds:
+            ok = value <= bounds["max"]
+        rows.append({"metric": name, "value": value, **bounds, "passed": bool(ok)})
+    return rows
+
+
+def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None = None) -> dict:
+    """Run the recipe's training job, compute its metrics, check the acceptable set."""
+    from refdl import dist
+
+    settings = recipe.settings(overrides)
+    out_dir = out or tempfile.mkdtemp(prefix=f"refdl-recipe-{recipe.name}-")
+    argv, ranks = train_argv(settings, out_dir)
+    if ranks:
+        cmd, env = dist.mpirun_command(ranks, argv), dist.mpirun_env()
+    else:
+        cmd, env = [sys.executable, *argv], None
+    timeout = recipe.options.get("timeout", 1800.0)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"recipe {recipe.name}: the run took longer than {timeout:.0f} s") from None
+    if proc.returncode == 2:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise UsageError(f"recipe {recipe.name}: the run refused its settings: {last}")
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"recipe {recipe.name}: the run failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+        )
+    summary, rows = read_run(out_dir)
+    metrics = from_run(summary, rows, recipe.options.get("target_accuracy"))
+    checks = check(recipe, metrics)
+    result = {
+        "recipe": recipe.name,
+        "path": recipe.path,
+        "settings": settings,
+        "command": " ".join(cmd),
+        "metrics": metrics,
+        "checks": checks,
+        "passed": all(c["passed"] for c in checks),
+        "run_dir": out_dir,
+    }
+    Path(out_dir, "recipe_result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def print_result(result: dict[str, Any]) -> None:
+    """The acceptable set as a table, then PASSED/FAILED."""
+    print(f"recipe {result['recipe']} ({result['path']}): {result['command']}")
+    print(f"{'metric':22s} {'value':>14s} {'bounds':>22s}  ")
+    for c in result["checks"]:
+        bounds = " ".join(f"{k} {c[k]:g}" for k in ("min", "max") if k in c)
+        value = "n/a" if c["value"] is None else f"{c['value']:.6g}"
+        print(f"{c['metric']:22s} {value:>14s} {bounds:>22s}  {'ok' if c['passed'] else 'MISSED'}")
+    others = {k: v for k, v in result["metrics"].items()
+              if v is not None and k not in {c["metric"] for c in result["checks"]}}  # fmt: skip
+    if others:
+        print("also: " + ", ".join(f"{k} {v:.4g}" for k, v in others.items()))
+    print(("PASSED" if result["passed"] else "FAILED") + f"; run files in {result['run_dir']}")
