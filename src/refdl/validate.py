@@ -16,8 +16,9 @@ Two modes:
 
 Examples::
 
-    .venv/bin/python -m refdl.validate --framework torch --strategy data --model lenet5 --steps 20 --json
-    .venv/bin/python -m refdl.validate --framework torch --strategy pipeline --model resnet --schedule gpipe
+    .venv/bin/python -m refdl.validate --framework torch --strategy data --model lenet5 \
+        --steps 20 --json
+    .venv/bin/python -m refdl.validate --strategy pipeline --model resnet --schedule gpipe
     .venv/bin/python -m refdl.validate --results torch_log.jsonl --hw local --report out/
 
 Exit status: 0 passed; 1 a difference exceeded its tolerance; 2 bad input.
@@ -79,10 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param-rtol", type=float,
                    help="largest relative L2 difference of the final parameters "
                         "(default: per model, see README)")  # fmt: skip
-    p.add_argument("--loss-rtol", type=float,
-                   help="largest per-step |loss difference| / |refdl loss| (default: per model)")
-    p.add_argument("--first-step-rtol", type=float, default=FIRST_STEP_RTOL,
-                   help="tolerance of the first loss and of the parameters after one update")
+    p.add_argument(
+        "--loss-rtol",
+        type=float,
+        help="largest per-step |loss difference| / |refdl loss| (default: per model)",
+    )
+    p.add_argument(
+        "--first-step-rtol",
+        type=float,
+        default=FIRST_STEP_RTOL,
+        help="tolerance of the first loss and of the parameters after one update",
+    )
     p.add_argument("--perturb", type=float, default=0.0,
                    help="add this relative noise to the PyTorch side's initial weights "
                         "(checks that the check can fail)")  # fmt: skip
@@ -245,6 +253,11 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.strategy == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
         raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
+    if args.strategy == "data" and args.torch_batchnorm == "native" and args.model == "resnet":
+        raise UsageError(
+            "torch.nn.SyncBatchNorm runs only on GPUs, and DDP with per-rank BatchNorm is not "
+            "refdl's data parallelism; drop --torch-batchnorm native for --strategy data"
+        )
     devices = args.devices or (1 if args.strategy == "single" else 2)
     if args.strategy == "single" and devices != 1:
         raise UsageError("--strategy single runs on 1 device; drop --devices")
@@ -323,7 +336,10 @@ def print_report(r: dict[str, Any]) -> None:
     what = f"{r['strategy']} {r['model']} x{r['devices']}, {r['steps']} steps"
     if r["schedule"]:
         what += f", {r['schedule']} {r['microbatches']} microbatches, cuts {r['stage_boundaries']}"
-    print(f"refdl vs torch: {what}" + (f" (torch side perturbed {r['perturb']:g})" if r["perturb"] else ""))
+    print(
+        f"refdl vs torch: {what}"
+        + (f" (torch side perturbed {r['perturb']:g})" if r["perturb"] else "")
+    )
     print(f"{'step':>4s} {'refdl loss':>12s} {'torch loss':>12s} {'|diff|':>10s}")
     n = len(r["refdl_loss"])
     shown = sorted({0, 1, n // 2, n - 1} & set(range(n)))
@@ -340,11 +356,16 @@ def print_report(r: dict[str, Any]) -> None:
     for key, name in names.items():
         mark = "ok  " if key not in r["failed"] else "FAIL"
         print(f"{mark} {name}: {c[key]:.2e} (tolerance {tol[key]:g})")
-    print(f"final parameters: max abs difference {r['param_max_abs_diff']:.2e}; worst tensor "
-          f"{r['worst_tensor']} ({r['worst_tensor_rel_l2']:.2e}); Deep500 NormDifference "
-          f"{d['NormDifference']:.3e}, L2Error {d['L2Error']:.3e}, MaxError {d['MaxError']:.3e}")
-    print("PASSED" if r["passed"] else
-          f"FAILED: PyTorch and refdl differ beyond the tolerance ({', '.join(r['failed'])})")
+    print(
+        f"final parameters: max abs difference {r['param_max_abs_diff']:.2e}; worst tensor "
+        f"{r['worst_tensor']} ({r['worst_tensor_rel_l2']:.2e}); Deep500 NormDifference "
+        f"{d['NormDifference']:.3e}, L2Error {d['L2Error']:.3e}, MaxError {d['MaxError']:.3e}"
+    )
+    print(
+        "PASSED"
+        if r["passed"]
+        else f"FAILED: PyTorch and refdl differ beyond the tolerance ({', '.join(r['failed'])})"
+    )
 
 
 # ----------------------------------------------------------------------------- --results
@@ -370,7 +391,7 @@ def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
     config: dict[str, Any] = {}
     try:
         if p.suffix in (".jsonl", ".json"):
-            for n, line in enumerate(text.splitlines(), 1):
+            for line in text.splitlines():
                 if not line.strip():
                     continue
                 obj = json.loads(line)
@@ -397,7 +418,8 @@ def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise UsageError(
-            f"--results {path}: unknown configuration keys {unknown}; known: {', '.join(CONFIG_KEYS)}"
+            f"--results {path}: unknown configuration keys {unknown}; "
+            f"known: {', '.join(CONFIG_KEYS)}"
         )
     if "model" not in config:
         raise UsageError(f"--results {path}: the configuration must name the model")
@@ -449,7 +471,9 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
         "steps_compared": len(compared),
         "loss_max_abs_diff": max(diffs) if diffs else None,
         "loss_max_rel_diff": max(rels) if rels else None,
-        "final_loss": {"framework": compared[-1][2], "refdl": compared[-1][1]} if compared else None,
+        "final_loss": {"framework": compared[-1][2], "refdl": compared[-1][1]}
+        if compared
+        else None,
         "loss_rows": [{"step": t, "refdl": a, "framework": b} for t, a, b in compared],
         "samples_per_s": {
             "framework": their_sps,
@@ -460,7 +484,8 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
         },
         "predicted_step_time_s": pred["step_time_s"],
         "tolerance": {"loss_rel": args.loss_rtol or LOSS_RTOL.get(ref.spec.model, 1e-4)},
-        "passed": bool(rels) and max(rels) <= (args.loss_rtol or LOSS_RTOL.get(ref.spec.model, 1e-4)),
+        "passed": bool(rels)
+        and max(rels) <= (args.loss_rtol or LOSS_RTOL.get(ref.spec.model, 1e-4)),
     }
 
 

@@ -314,6 +314,18 @@ if torch is not None:
             yield f"{self.key}/w_hh", self.lstm.weight_hh_l0, _t2, _t2
             yield f"{self.key}/bias", self.lstm.bias_ih_l0, _same, _same
 
+    class _ContiguousGrad(torch.autograd.Function):
+        """Identity whose backward makes the gradient contiguous: a pipeline stage sends
+        its input's gradient to the previous stage, and gloo sends only contiguous tensors."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.contiguous()
+
     class TorchModel(nn.Module):
         """A refdl ``Sequential`` in PyTorch: block 0 adapts the input, block i+1 is layer i."""
 
@@ -322,6 +334,8 @@ if torch is not None:
             self.blocks = nn.ModuleList(blocks)
 
         def forward(self, x):
+            if x.requires_grad:  # a later pipeline stage's input
+                x = _ContiguousGrad.apply(x)
             for b in self.blocks:
                 x = b(x)
             return x.contiguous()  # pipelining sends stage outputs; gloo needs contiguous

@@ -2,7 +2,8 @@
 
 .venv/bin/python -m refdl.bench predict-vs-measure [--mpi] [--out FILE.json]
 .venv/bin/python -m refdl.bench run recipes/FILE.toml [--set KEY=VALUE ...] [--out DIR] [--json]
-.venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 --strategy data --devices 1,2,4
+.venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 \
+    --strategy data --devices 1,2,4
 
 Exit status: 0 done (run: every metric within its bounds); 1 a recipe's metric missed
 its threshold; 2 bad input.

@@ -23,7 +23,9 @@ from typing import Any
 FRAMEWORKS = ("refdl", "torch")
 
 
-def refdl_step_times(model: str, strategy: str, devices: int, steps: int, batch: int) -> list[float]:
+def refdl_step_times(
+    model: str, strategy: str, devices: int, steps: int, batch: int
+) -> list[float]:
     """Step times of refdl's ``strategy`` on ``devices`` simulated devices."""
     import jax
 
@@ -43,7 +45,9 @@ def refdl_step_times(model: str, strategy: str, devices: int, steps: int, batch:
     return times
 
 
-def torch_step_times(model: str, strategy: str, devices: int, steps: int, batch: int) -> list[float]:
+def torch_step_times(
+    model: str, strategy: str, devices: int, steps: int, batch: int
+) -> list[float]:
     """Step times of the same training in PyTorch (``refdl.adapters.torch``)."""
     import jax
 

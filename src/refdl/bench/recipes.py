@@ -112,8 +112,7 @@ def load(path: str | Path) -> Recipe:
     for metric, bounds in raw.get("acceptable", {}).items():
         if metric not in METRICS:
             raise UsageError(
-                f"recipe {path}: [acceptable] {metric} is not a metric; "
-                f"known: {', '.join(METRICS)}"
+                f"recipe {path}: [acceptable] {metric} is not a metric; known: {', '.join(METRICS)}"
             )
         if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
             raise UsageError(f"recipe {path}: [acceptable] {metric} needs {{ min = ... }} "
@@ -188,7 +187,9 @@ def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        raise UsageError(f"recipe {recipe.name}: the run took longer than {timeout:.0f} s") from None
+        raise UsageError(
+            f"recipe {recipe.name}: the run took longer than {timeout:.0f} s"
+        ) from None
     if proc.returncode == 2:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise UsageError(f"recipe {recipe.name}: the run refused its settings: {last}")
