@@ -253,11 +253,8 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.strategy == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
         raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
-    if args.strategy == "data" and args.torch_batchnorm == "native" and args.model == "resnet":
-        raise UsageError(
-            "torch.nn.SyncBatchNorm runs only on GPUs, and DDP with per-rank BatchNorm is not "
-            "refdl's data parallelism; drop --torch-batchnorm native for --strategy data"
-        )
+    if args.strategy == "data" and args.torch_batchnorm == "native":
+        raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run, not after
     devices = args.devices or (1 if args.strategy == "single" else 2)
     if args.strategy == "single" and devices != 1:
         raise UsageError("--strategy single runs on 1 device; drop --devices")

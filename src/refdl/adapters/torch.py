@@ -43,6 +43,10 @@ try:
 except ImportError:  # pragma: no cover - exercised where torch is absent
     torch = None  # type: ignore[assignment]
 
+NATIVE_DDP_REFUSED = (
+    "torch.nn.SyncBatchNorm runs only on GPUs, and DDP with per-rank BatchNorm is not "
+    "refdl's data parallelism; drop --torch-batchnorm native for --strategy data"
+)
 INSTALL_HINT = "install it with: .venv/bin/pip install torch==2.13.0 (scripts/setup.sh does)"
 Flat = dict[str, np.ndarray]
 
@@ -636,10 +640,7 @@ def train_ddp(plan: TrainPlan, world: int, timeout: float = 600) -> TorchResult:
     from refdl.errors import UsageError
 
     if plan.native_bn:
-        raise UsageError(
-            "torch.nn.SyncBatchNorm runs only on GPUs, and DDP with per-rank BatchNorm is not "
-            "refdl's data parallelism; drop --torch-batchnorm native for --strategy data"
-        )
+        raise UsageError(NATIVE_DDP_REFUSED)
     if plan.batches and plan.batches[0]["x"].shape[0] % world:
         raise UsageError(
             f"batch {plan.batches[0]['x'].shape[0]} does not split over {world} DDP ranks"
