@@ -19,7 +19,7 @@ from typing import Any
 
 from refdl.errors import UsageError
 from refdl.perf.collectives import Link
-from refdl.perf.ops import HOST_KINDS, KINDS, OpRate
+from refdl.perf.ops import HOST_KINDS, KINDS, InStep, OpRate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,9 @@ class DeviceSpec:
     dispatch_s: float = 0.0  # host time to launch one compiled step (a jitted call)
     op_overhead_s: float = 0.0  # fixed time per executed operation (kernel / thunk)
     shared_cores: bool = False  # several devices share one host's cores (simulated devices)
+    # Operations inside a training step against the same alone ([device.in_step],
+    # refdl.perf.ops.InStep); None: as alone.
+    in_step: InStep | None = None
     # Hockney t0 / rate per operation kind ([device.ops.<kind>], refdl.perf.ops); empty:
     # the roofline plus op_overhead_s is used instead.
     ops: dict[str, OpRate] = dataclasses.field(default_factory=dict)
@@ -97,10 +100,11 @@ def _positive(raw: dict, key: str, where: str, path: str) -> float:
     return float(value)
 
 
-def _nonneg(raw: dict, key: str, path: str) -> float:
+def _nonneg(raw: dict, key: str, path: str, name: str = "") -> float:
     value = raw.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise UsageError(f"hardware profile {path}: key device.{key} must be a number >= 0")
+        name = name or f"device.{key}"
+        raise UsageError(f"hardware profile {path}: key {name} must be a number >= 0")
     return float(value)
 
 
@@ -133,6 +137,24 @@ def _op_rates(dev: dict, path: str) -> dict[str, OpRate]:
     return out
 
 
+def _in_step(dev: dict, path: str) -> InStep | None:
+    """``[device.in_step]``: factors (numbers >= 0) and the hand-off (s >= 0), with source."""
+    table = dev.get("in_step")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise UsageError(f"hardware profile {path}: device.in_step must be a table")
+    keys = [f.name for f in dataclasses.fields(InStep) if f.name != "source"]
+    unknown = sorted(set(table) - {*keys, "source"})
+    if unknown:
+        raise UsageError(
+            f"hardware profile {path}: key device.in_step.{unknown[0]} is not one of "
+            f"{', '.join(keys)}, source"
+        )
+    values = {k: _nonneg(table, k, path, f"device.in_step.{k}") for k in keys if k in table}
+    return InStep(**values, source=_text(table, "source", "device.in_step.", path))
+
+
 def _text(raw: dict, key: str, where: str, path: str) -> str:
     value = raw.get(key)
     if not isinstance(value, str) or not value.strip():
@@ -159,6 +181,7 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         dispatch_s=_nonneg(dev, "dispatch_s", path),
         op_overhead_s=_nonneg(dev, "op_overhead_s", path),
         shared_cores=_flag(dev, "shared_cores", path),
+        in_step=_in_step(dev, path),
         ops=_op_rates(dev, path),
     )
     links_raw = raw.get("links")
@@ -248,6 +271,10 @@ def dumps(profile: HardwareProfile) -> str:
             lines.append(f"{key} = {getattr(d, key)!r}")
     if d.shared_cores:
         lines.append("shared_cores = true")
+    if d.in_step is not None:
+        lines += ["", "[device.in_step]"]
+        lines += [f"{f.name} = {value(getattr(d.in_step, f.name))}"
+                  for f in dataclasses.fields(d.in_step)]  # fmt: skip
     for kind, rate in d.ops.items():
         lines += ["", f"[device.ops.{kind}]"]
         lines += [
@@ -281,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if "jax" not in sys.modules and "device_count" not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = (
-                os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+                os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
             ).strip()
         from refdl.calibrate import calibrate
 

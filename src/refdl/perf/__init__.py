@@ -68,7 +68,8 @@ def compute_time(
 
     Device: where the profile has operation rates (``[device.ops.*]``) and ``work``
     (``refdl.perf.ops.OpWork``) is given, the sum over operation kinds of Hockney's
-    ``count x t0 + n / r_inf`` (``refdl.perf.ops.op_time``); else the roofline of the
+    ``count x t0 + n / r_inf`` (``refdl.perf.ops.op_time``), as the profile's
+    ``[device.in_step]`` says operations run inside a step; else the roofline of the
     FLOPs and bytes plus ``ops`` x the per-operation overhead. Host: ``calls`` dispatches
     (``dispatch``: ``calls x t0 + leaves / r``, leaves the argument leaves over all calls;
     else ``calls x dispatch_s``) plus ``transfer = (arrays, bytes)`` put on the device
@@ -79,7 +80,7 @@ def compute_time(
     rates = getattr(dev, "ops", {}) or {}
     share = sharing if getattr(dev, "shared_cores", False) else 1
     if work is not None and work.kinds and rates:
-        device = op_time(work, rates, hw)
+        device = op_time(work, rates, hw, getattr(dev, "in_step", None))
     else:
         device = roofline_time(flops, bytes_accessed, hw) + ops * getattr(dev, "op_overhead_s", 0.0)
     if "dispatch" in rates:

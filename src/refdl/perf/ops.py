@@ -281,18 +281,44 @@ class OpWork:
         return OpWork({k: (c * repeat, n * share) for k, (c, n) in self.kinds.items()})
 
 
-def op_time(work: OpWork, rates: Mapping[str, OpRate], hw: Any) -> float:
+@dataclasses.dataclass(frozen=True)
+class InStep:
+    """How operations inside a training step differ from the same operations alone: a
+    factor on the isolated time of each group (products ``dot`` and ``convolution``, and
+    ``memory`` for every memory-bound kind), plus ``handoff_s`` per operation (XLA's
+    thread pool passing the step from one operation to the next, asleep while the host
+    builds the next batch). Fitted by ``refdl.hw calibrate`` on generic training steps."""
+
+    dot: float = 1.0
+    convolution: float = 1.0
+    memory: float = 1.0
+    handoff_s: float = 0.0
+    source: str = ""
+
+    def factor(self, kind: str) -> float:
+        """The factor on an operation of ``kind``'s isolated time."""
+        return getattr(self, kind) if kind in FLOP_KINDS else self.memory
+
+
+def op_time(
+    work: OpWork, rates: Mapping[str, OpRate], hw: Any, in_step: InStep | None = None
+) -> float:
     """Sum over kinds of ``count x t0 + n / r_inf``; a kind without a rate uses ``other``,
-    or else the roofline of its size plus the device's per-op overhead."""
+    or else the roofline of its size plus the device's per-op overhead. With ``in_step``,
+    each kind's time is scaled by its group's factor and every operation pays the
+    hand-off."""
     dev = getattr(hw, "device", None)
     op_s = getattr(dev, "op_overhead_s", 0.0)
     total = 0.0
     for kind, (count, n) in work.kinds.items():
         rate = rates.get(kind) or (None if kind in FLOP_KINDS else rates.get("other"))
         if rate is not None:
-            total += rate.time(n, count)
+            t = rate.time(n, count)
         elif kind in FLOP_KINDS:
-            total += n / hw.peak_flops + count * op_s
+            t = n / hw.peak_flops + count * op_s
         else:
-            total += n / hw.memory_bandwidth + count * op_s
+            t = n / hw.memory_bandwidth + count * op_s
+        if in_step is not None:
+            t = t * in_step.factor(kind) + count * in_step.handoff_s
+        total += t
     return total
