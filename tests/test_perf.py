@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tomllib
 
+import numpy as np
 import pytest
 
 from refdl import hw
@@ -169,7 +170,7 @@ def test_fit_alpha_beta_recovers_a_line():
 
 
 @pytest.mark.mpi
-@pytest.mark.slow  # ~45 s: the operation-level microbenchmarks
+@pytest.mark.slow  # ~2 min: the operation-level microbenchmarks and generic training steps
 def test_calibrate_writes_a_valid_profile(tmp_path):
     """Real measurement: simulated devices and 2 MPI ranks under mpirun (bounded)."""
     import subprocess
@@ -180,10 +181,13 @@ def test_calibrate_writes_a_valid_profile(tmp_path):
         [sys.executable, "-m", "refdl.hw", "calibrate", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     prof = hw.load(out)
+    steps = prof.device.in_step
+    assert steps is not None and "generic training steps" in steps.source
+    assert min(steps.dot, steps.convolution, steps.memory, steps.handoff_s) >= 0
     assert prof.name == "local"
     assert 1e9 < prof.peak_flops < 1e13  # a 2-core CPU: tens to hundreds of GFLOP/s
     assert 1e8 < prof.memory_bandwidth < 1e12
@@ -295,9 +299,10 @@ def test_op_rates_round_trip_and_a_bad_table_names_the_key(tmp_path):
     local = hw.load("local")
     assert "dot" in local.device.ops and "dispatch" in local.device.ops
     text = hw.dumps(local)
-    assert "[device.ops.dot]" in text
+    assert "[device.ops.dot]" in text and "[device.in_step]" in text
     again = hw.parse(tomllib.loads(text), "round-trip")
     assert again == local and isinstance(again.device.ops["dot"], OpRate)
+    assert again.device.in_step.handoff_s > 0 and again.device.in_step.source
     bad = tmp_path / "bad.toml"
     for edit, message in [
         (lambda t: t.replace("[device.ops.dot]", "[device.ops.matmul]"), "key device.ops.matmul"),
@@ -305,6 +310,10 @@ def test_op_rates_round_trip_and_a_bad_table_names_the_key(tmp_path):
          "key device.ops.dot.t0_s must be a number >= 0"),
         (lambda t: t.replace("[device.ops.dot]\nt0_s", "[device.ops.dot]\nxx"),
          "key device.ops.dot.t0_s must be a number >= 0"),
+        (lambda t: t.replace("[device.in_step]\ndot = ", "[device.in_step]\ndot = -"),
+         "key device.in_step.dot must be a number >= 0"),
+        (lambda t: t.replace("[device.in_step]\ndot", "[device.in_step]\nmatmul"),
+         "key device.in_step.matmul is not one of dot, convolution, memory, handoff_s"),
     ]:  # fmt: skip
         bad.write_text(edit(text))
         with pytest.raises(UsageError, match=message.replace(".", r"\.")):
@@ -334,3 +343,47 @@ def test_op_time_sums_hockney_terms_and_falls_back():
     expect = (4e-6 + 1e-2) + (4e-6 + 1e-3) + (1e9 / prof.peak_flops + 1e-6)
     assert op_time(work, rates, prof) == pytest.approx(expect)
     assert work.scaled(share=0.5, repeat=2).kinds["dot"] == (8, 5e7)
+
+
+def test_in_step_scales_each_group_and_charges_the_handoff():
+    from refdl.perf.ops import InStep, OpRate, OpWork, op_time
+
+    local = hw.load("local")
+    rates = {"dot": OpRate(1e-6, 1e10), "convolution": OpRate(0.0, 1e9), "other": OpRate(0, 1e9)}
+    work = OpWork({"dot": (4, 1e8), "convolution": (1, 1e6), "reduce": (2, 1e6)})
+    steps = InStep(dot=2.0, convolution=3.0, memory=0.5, handoff_s=1e-5)
+    expect = 2 * (4e-6 + 1e-2) + 3 * 1e-3 + 0.5 * 1e-3 + 7 * 1e-5
+    assert op_time(work, rates, local, steps) == pytest.approx(expect)
+    assert op_time(work, rates, local, InStep()) == pytest.approx(op_time(work, rates, local))
+
+
+def test_fit_in_step_recovers_hand_values():
+    from refdl.calibrate import fit_error, fit_in_step
+
+    truth = np.array([1.5, 0.8, 2.0, 2e-5])  # dot, convolution, memory factors; hand-off
+    rows = [[1e-3, 0, 2e-4, 30], [4e-3, 0, 1e-3, 40], [0, 2e-3, 5e-4, 55],
+            [2e-4, 1e-3, 1e-4, 50], [1e-2, 0, 3e-3, 45], [1e-5, 5e-3, 2e-3, 60]]  # fmt: skip
+    fit = fit_in_step(rows, list(np.asarray(rows) @ truth))
+    got = [fit["dot"], fit["convolution"], fit["memory"], fit["handoff_s"]]
+    assert got == pytest.approx(truth, rel=1e-6)
+    assert fit_error(rows, list(np.asarray(rows) @ truth)) == "fit error median 0%, max 0%"
+    mlp_only = [[r[0], 0.0, r[2], r[3]] for r in rows]  # no convolutions: factor 1
+    assert fit_in_step(mlp_only, list(np.asarray(mlp_only) @ truth))["convolution"] == 1.0
+
+
+@pytest.mark.slow  # ~30 s: every configuration compiled and run once
+def test_predict_vs_measure_reports_each_configuration():
+    from refdl.bench import predict_vs_measure as pvm
+
+    result = pvm.run(rounds=1, steps=3, with_mpi=False)
+    assert len(result["rows"]) == len(pvm.MODELS) * len(pvm.SPMD)
+    for row in result["rows"]:
+        assert row["measured_s"] > 0 and row["predicted_s"] > 0
+        expect = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+        assert row["error"] == pytest.approx(expect)  # one round: its own error
+        parts = row["predicted_compute_s"] + row["predicted_comm_s"] + row["predicted_bubble_s"]
+        assert parts == pytest.approx(row["predicted_s"])
+        assert row["speed"] == [1.0] and row["error_drift_corrected"] == row["error"]
+    errors = sorted(abs(r["error"]) for r in result["rows"])
+    assert result["median_abs_error"] == pytest.approx((errors[4] + errors[5]) / 2)
+    assert result["drift_corrected"] is None  # no --calibrate: nothing to correct against

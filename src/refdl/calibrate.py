@@ -14,7 +14,9 @@ fraction is 1 (these are measured rates, not line rates).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,8 +125,10 @@ def fit_alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
     return max((t0 - n0 * beta) / 2, 1e-9), beta
 
 
-def simulated_devices_allreduce() -> tuple[list[int], list[float]]:
-    """Allreduce times between 2 simulated devices (psum in shard_map) per message size."""
+def simulated_devices_allreduce(chain: tuple[int, int] = (2, 12)) -> tuple[list[int], list[float]]:
+    """Allreduce times between 2 simulated devices (psum in shard_map) per message size, as
+    a step pays them: the slope of a program's time against the number of dependent psums
+    it chains (from ``chain[0]`` to ``chain[1]``), so the call's dispatch is left out."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -134,15 +139,22 @@ def simulated_devices_allreduce() -> tuple[list[int], list[float]]:
             "needs 2 devices: set XLA_FLAGS=--xla_force_host_platform_device_count=2"
         )
     mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
-    f = jax.jit(
-        jax.shard_map(
-            lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data"), out_specs=P("data")
-        )
-    )
+
+    def psums(k):
+        def body(x):
+            for _ in range(k):
+                x = jax.lax.psum(x, "data") * 0.5
+            return x
+
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+
+    short, long = psums(chain[0]), psums(chain[1])
     times = []
     for n in SIZES:
         x = jax.device_put(jnp.ones(2 * n // 4, jnp.float32), NamedSharding(mesh, P("data")))
-        times.append(_best(lambda x=x: f(x).block_until_ready(), repeats=9))
+        slopes = [(_median_call(long, (x,), 15) - _median_call(short, (x,), 15))
+                  / (chain[1] - chain[0]) for _ in range(3)]  # fmt: skip
+        times.append(max(float(np.median(slopes)), 1e-9))
     return SIZES, times
 
 
@@ -193,10 +205,13 @@ def calibrate(name: str = "local") -> dict:
             "latency_s": a_sim,
             "bandwidth": 1.0 / b_sim,
             "achievable": 1.0,
-            "source": f"refdl.hw calibrate {when}: psum between 2 simulated devices, "
-            f"ring fit over {sizes[0]}..{sizes[-1]} bytes",
+            "source": f"refdl.hw calibrate {when}: psum between 2 simulated devices (slope "
+            f"of a chain of psums: as inside a step), ring fit over {sizes[0]}..{sizes[-1]} "
+            "bytes",
         }
     }
+    bandwidth = memory_bandwidth()
+    tables = device_tables(fp32, bandwidth, when)
     mpi = mpi_allreduce()
     if mpi is not None:
         a_mpi, b_mpi = fit_alpha_beta(*mpi)
@@ -215,16 +230,17 @@ def calibrate(name: str = "local") -> dict:
         "device": {
             "name": f"CPU ({os.cpu_count()} cores) as seen by XLA",
             "peak_flops": {"float32": fp32, "bfloat16": bf16},
-            "memory_bandwidth": memory_bandwidth(),
+            "memory_bandwidth": bandwidth,
             "memory_bytes": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
             "source": f"refdl.hw calibrate {when}: best jitted 2048^3 matmul; jitted 256 MiB "
             "copy; median call of a trivial jitted step; slope of a chain of tiny ops; the "
             "simulated devices share the host's cores; [device.ops.*]: Hockney fits per "
-            "operation kind (refdl.perf.ops)",
+            "operation kind (refdl.perf.ops); [device.in_step]: operations inside generic "
+            "training steps against the same alone",
             "dispatch_s": dispatch_time(),
             "op_overhead_s": op_overhead(),
             "shared_cores": True,
-            "ops": op_rates(when),
+            **tables,
         },
         "links": links,
     }
@@ -432,3 +448,189 @@ def host_rates(when: str = "", rates: dict | None = None) -> dict[str, dict]:
                      "jax.device_put of 2 NumPy arrays, "
                      f"{put_sizes[0]:.3g}..{put_sizes[-1]:.3g} bytes; t0 per array"},
     }  # fmt: skip
+
+
+# ----------------------------------------------------------------- operations inside a step
+#
+# An operation inside a training step does not run as it does alone: the step's other
+# operations share its caches and its thread pool, the pool sleeps while the host builds
+# the next batch, and a product's layout (a weight gradient contracts over the batch)
+# changes its speed. JAX's profiler shows it operation by operation: in a step of refdl's
+# mlp the products take ~3x their isolated time, and in lenet5's the 5x5 convolutions on
+# 8x8 images run at ~2 GFLOP/s. ``in_step`` measures it on generic training steps -
+# plain-JAX MLPs and CNNs on a grid of widths, depths, kernels and batches, not refdl's
+# models - run the way the training loop runs them (a fresh host batch, ``device_put``,
+# the step, wait), and fits a factor per group of operations on their isolated time plus
+# a hand-off per operation (``fit_in_step``; ``refdl.perf.ops.InStep`` applies them).
+
+STEP_REPEATS = 30  # timed steps of each generic training step
+# (input, hidden, depth, batch): tanh MLPs
+STEP_MLPS = [(256, 128, 1, 32), (256, 512, 2, 128), (1024, 128, 3, 32), (1024, 512, 1, 64),
+             (512, 256, 4, 16), (128, 1024, 2, 256), (2048, 64, 2, 128),
+             (64, 64, 1, 512)]  # fmt: skip
+# (input side, channels, kernel, features, batch, pool): two conv + relu + pool, one dense
+STEP_CNNS = [(16, 1, 3, 4, 16, "max"), (16, 3, 3, 16, 32, "avg"), (24, 1, 5, 8, 16, "max"),
+             (12, 4, 3, 8, 64, "avg"), (20, 2, 5, 6, 32, "max"), (32, 3, 3, 8, 8, "avg"),
+             (8, 8, 3, 32, 128, "max")]  # fmt: skip
+
+
+@dataclasses.dataclass
+class GenericStep:
+    """A generic training step: the jitted step, its state, and a host batch maker."""
+
+    label: str
+    step: Any
+    state: Any
+    x_shape: tuple[int, ...]
+    classes: int = 10
+
+    def batch(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {
+            "x": rng.standard_normal(self.x_shape).astype(np.float32),
+            "y": rng.integers(0, self.classes, self.x_shape[0]).astype(np.int32),
+        }
+
+
+def _generic_steps() -> list[GenericStep]:
+    """The calibration's generic training steps (``STEP_MLPS``, ``STEP_CNNS``)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax import lax
+
+    def train_step(loss):
+        opt = optax.sgd(0.01, momentum=0.9)
+
+        def step(state, batch):
+            params, opt_state = state
+            value, grads = jax.value_and_grad(loss)(params, batch["x"], batch["y"])
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), value
+
+        return opt, jax.jit(step, donate_argnums=0)
+
+    def xent(logits, y):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    out = []
+    key = jax.random.key(0)
+    for din, hidden, depth, batch in STEP_MLPS:
+        sizes = [din] + [hidden] * depth + [10]
+        params = [(jax.random.normal(key, (a, b)) * a**-0.5, jnp.zeros(b))
+                  for a, b in itertools.pairwise(sizes)]  # fmt: skip
+
+        def mlp_loss(params, x, y):
+            for i, (w, b) in enumerate(params):
+                x = x @ w + b
+                x = jnp.tanh(x) if i < len(params) - 1 else x
+            return xent(x, y)
+
+        opt, step = train_step(mlp_loss)
+        out.append(GenericStep(f"mlp {din}-{hidden}x{depth} b{batch}", step,
+                               (params, opt.init(params)), (batch, din)))  # fmt: skip
+    for side, c, k, f, batch, pool in STEP_CNNS:
+        params = [jax.random.normal(key, (k, k, c, f)) * 0.1,
+                  jax.random.normal(key, (k, k, f, f)) * 0.05,
+                  jax.random.normal(key, ((side // 4) ** 2 * f, 10)) * 0.01]  # fmt: skip
+
+        def cnn_loss(params, x, y, pool=pool):
+            def conv(x, w):
+                dims = ("NHWC", "HWIO", "NHWC")
+                return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
+
+            def down(x):
+                if pool == "max":
+                    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
+                                             "VALID")  # fmt: skip
+                return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1),
+                                         "VALID") / 4  # fmt: skip
+
+            x = down(jax.nn.relu(conv(x, params[0])))
+            x = down(jax.nn.relu(conv(x, params[1])))
+            return xent(x.reshape(x.shape[0], -1) @ params[2], y)
+
+        opt, step = train_step(cnn_loss)
+        out.append(GenericStep(f"cnn {side}x{side}x{c} k{k} f{f} b{batch} {pool}", step,
+                               (params, opt.init(params)), (batch, side, side, c)))  # fmt: skip
+    return out
+
+
+def in_step(
+    table: dict[str, dict], peak_flops: float, memory_bandwidth: float, when: str = ""
+) -> dict[str, Any]:
+    """``[device.in_step]``: the factors per group (dot, convolution, memory) and the
+    hand-off per operation that best turn the isolated prediction of ``table``
+    (``op_rates``) into the generic training steps' device time (wall time of put + step
+    + wait, less the predicted host time); non-negative least squares on the relative
+    error."""
+    import types
+
+    import jax
+
+    from refdl.perf.ops import FLOP_KINDS, OpRate, OpWork, by_kind, op_time, parse_hlo
+
+    rates = {k: OpRate(v["t0_s"], v["rate"]) for k, v in table.items()}
+    hw = types.SimpleNamespace(peak_flops=peak_flops, memory_bandwidth=memory_bandwidth)
+    rows, device = [], []
+    for g in _generic_steps():
+        rng = np.random.default_rng(0)
+        dev = jax.devices()[0]
+        state = jax.device_put(g.state, dev)
+        ops = parse_hlo(g.step.lower(state, g.batch(rng)).compile().as_text())
+        walls = []
+        for i in range(3 + STEP_REPEATS):  # as the training loop times a step
+            batch = g.batch(rng)
+            t0 = time.perf_counter()
+            state, loss = g.step(state, jax.device_put(batch, dev))
+            jax.block_until_ready((state, loss))
+            if i >= 3:
+                walls.append(time.perf_counter() - t0)
+        leaves = len(jax.tree.leaves(state)) + len(batch)
+        host = sum(
+            rates[k].time(n, c)
+            for k, n, c in (("dispatch", leaves, 1),
+                            ("transfer", sum(v.nbytes for v in batch.values()), len(batch)))
+            if k in rates
+        )  # fmt: skip
+        alone = dict.fromkeys(IN_STEP_GROUPS, 0.0)
+        for kind, (count, n) in by_kind(ops).items():
+            group = kind if kind in FLOP_KINDS else "memory"
+            alone[group] += op_time(OpWork({kind: (count, n)}), rates, hw)
+        rows.append([*alone.values(), len(ops)])
+        device.append(max(float(np.median(walls)) - host, 1e-6))
+    return fit_in_step(rows, device) | {"source": (
+        f"refdl.hw calibrate {when}: non-negative least squares (relative error) over "
+        f"{len(device)} generic training steps (plain-JAX MLPs and CNNs timed as the training "
+        "loop times a step, less the predicted host time) on the isolated prediction of "
+        "each group and the operation count; " + fit_error(rows, device))}  # fmt: skip
+
+
+IN_STEP_GROUPS = ("dot", "convolution", "memory")
+
+
+def fit_in_step(rows: list[list[float]], device: list[float]) -> dict[str, float]:
+    """``{dot, convolution, memory, handoff_s}`` minimising the relative error of
+    ``device ~ rows @ (dot, convolution, memory, handoff_s)`` with every figure >= 0; each
+    row is one step's isolated time per group and its operation count. A group without
+    operations in any row keeps its isolated time (factor 1)."""
+    from scipy.optimize import nnls
+
+    a, y = np.asarray(rows, float), np.asarray(device, float)
+    coef, _ = nnls(a / y[:, None], np.ones_like(y))  # relative: each step counts alike
+    out = {g: float(coef[j]) if a[:, j].any() else 1.0 for j, g in enumerate(IN_STEP_GROUPS)}
+    return out | {"handoff_s": float(coef[3])}
+
+
+def fit_error(rows: list[list[float]], device: list[float]) -> str:
+    """The median and largest relative error of ``fit_in_step`` on its own rows."""
+    fit = fit_in_step(rows, device)
+    coef = np.array([*(fit[g] for g in IN_STEP_GROUPS), fit["handoff_s"]])
+    err = np.abs(np.asarray(rows) @ coef / np.asarray(device) - 1)
+    return f"fit error median {np.median(err):.0%}, max {err.max():.0%}"
+
+
+def device_tables(peak_flops: float, memory_bandwidth: float, when: str = "") -> dict[str, Any]:
+    """The operation-level part of a profile's ``[device]``: ``ops`` (``op_rates``) and
+    ``in_step`` (``in_step``), measured together (about a minute and a half)."""
+    ops = op_rates(when)
+    return {"in_step": in_step(ops, peak_flops, memory_bandwidth, when), "ops": ops}
