@@ -490,6 +490,25 @@ class GenericStep:
             "y": rng.integers(0, self.classes, self.x_shape[0]).astype(np.int32),
         }
 
+    def loop_times(
+        self, state: Any, rng: np.random.Generator, steps: int, warmup: int = 3
+    ) -> tuple[Any, list[float]]:
+        """Run ``warmup + steps`` steps as the training loop does (a fresh host batch,
+        ``device_put``, the step, wait); the new (device) state and the timed steps' wall
+        times."""
+        import jax
+
+        dev = jax.devices()[0]
+        times = []
+        for i in range(warmup + steps):
+            batch = self.batch(rng)
+            t0 = time.perf_counter()
+            state, loss = self.step(state, jax.device_put(batch, dev))
+            jax.block_until_ready((state, loss))
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        return state, times
+
 
 def _generic_steps() -> list[GenericStep]:
     """The calibration's generic training steps (``STEP_MLPS``, ``STEP_CNNS``)."""
@@ -574,17 +593,10 @@ def in_step(
     rows, device = [], []
     for g in _generic_steps():
         rng = np.random.default_rng(0)
-        dev = jax.devices()[0]
-        state = jax.device_put(g.state, dev)
-        ops = parse_hlo(g.step.lower(state, g.batch(rng)).compile().as_text())
-        walls = []
-        for i in range(3 + STEP_REPEATS):  # as the training loop times a step
-            batch = g.batch(rng)
-            t0 = time.perf_counter()
-            state, loss = g.step(state, jax.device_put(batch, dev))
-            jax.block_until_ready((state, loss))
-            if i >= 3:
-                walls.append(time.perf_counter() - t0)
+        state = jax.device_put(g.state, jax.devices()[0])
+        batch = g.batch(rng)
+        ops = parse_hlo(g.step.lower(state, batch).compile().as_text())
+        state, walls = g.loop_times(state, rng, STEP_REPEATS)
         leaves = len(jax.tree.leaves(state)) + len(batch)
         host = sum(
             rates[k].time(n, c)

@@ -146,25 +146,15 @@ class SpeedProbe:
         from refdl import calibrate
 
         self.steps = steps
-        self.dev = jax.devices()[0]
         self.generic = [g for g in calibrate._generic_steps() if g.label in self.LABELS]
-        self.states = [jax.device_put(g.state, self.dev) for g in self.generic]
+        self.states = [jax.device_put(g.state, jax.devices()[0]) for g in self.generic]
         self.rng = np.random.default_rng(0)
         self()  # compile
 
     def __call__(self) -> float:
-        import jax
-
         total = 0.0
         for i, g in enumerate(self.generic):
-            times = []
-            for t in range(2 + self.steps):
-                batch = g.batch(self.rng)
-                t0 = time.perf_counter()
-                self.states[i], loss = g.step(self.states[i], jax.device_put(batch, self.dev))
-                jax.block_until_ready((self.states[i], loss))
-                if t >= 2:
-                    times.append(time.perf_counter() - t0)
+            self.states[i], times = g.loop_times(self.states[i], self.rng, self.steps, warmup=2)
             total += statistics.median(times)
         return total
 
