@@ -76,6 +76,19 @@ def data_comm() -> Any:
     return comm().Dup()
 
 
+def settle_before_exit(timeout_s: float = 5.0) -> None:
+    """Under mpirun, wait (at most ``timeout_s``) until every rank has reached this point
+    before exiting with an error: the launcher kills the other ranks as soon as one exits
+    non-zero, which could cut a rank off before it printed its own line. A rank whose
+    error the others do not share waits out the timeout, then exits."""
+    if not under_mpi():
+        return
+    request = comm().Ibarrier()
+    deadline = time.monotonic() + timeout_s
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def one_device_per_rank() -> None:
     """Drop a simulated-device count from XLA_FLAGS: under mpirun each rank is one device."""
     flags = os.environ.get("XLA_FLAGS", "").split()

@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec_from_args(args)
         summary = fit(spec)
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        dist.settle_before_exit()  # every rank prints its line before the launcher ends the job
         return 2
     except DivergedError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
