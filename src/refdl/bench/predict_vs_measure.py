@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -159,30 +160,28 @@ class SpeedProbe:
         return total
 
 
+def _error(predicted: float, times: list[float]) -> float:
+    """``(predicted - measured) / measured`` against the median of ``times``."""
+    measured = statistics.median(times)
+    return (predicted - measured) / measured
+
+
 def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dict[str, Any]:
     from refdl import hw
 
     configs = [(m, s, d, kw) for m in MODELS for s, d, kw in SPMD]
-    keys = [c[:3] for c in configs]
-    times: dict[tuple, list[float]] = {k: [] for k in keys}
-    errors: dict[tuple, list[float]] = {k: [] for k in keys}
-    corrected: dict[tuple, list[float]] = {k: [] for k in keys}
-    speeds: dict[tuple, list[float]] = {k: [] for k in keys}
-    preds: dict[tuple, list[dict]] = {k: [] for k in keys}
+    # Per configuration, one record per run of it: its step times, prediction and speed.
+    records: dict[tuple, list[dict[str, Any]]] = {}
     in_step = []
     probe = SpeedProbe() if calibrate else None
 
-    def measure(key, measure_fn, predict_fn, profile, ref):
+    def measure(key: tuple, measure_fn, predict_fn, profile: str, ref: float) -> None:
         before = probe() if probe else 0.0
         mine = measure_fn()
         speed = (before + probe()) / 2 / ref if probe else 1.0
-        p = predict_fn(profile)
-        measured = statistics.median(mine)
-        times.setdefault(key, []).extend(mine)
-        preds.setdefault(key, []).append(p)
-        errors.setdefault(key, []).append((p["step_time_s"] - measured) / measured)
-        corrected.setdefault(key, []).append((p["step_time_s"] * speed - measured) / measured)
-        speeds.setdefault(key, []).append(speed)
+        records.setdefault(key, []).append(
+            {"times": mine, "pred": predict_fn(profile), "speed": speed}
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         profile, ref = "local", 1.0
@@ -196,8 +195,8 @@ def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dic
                 print(f"round {r + 1}/{rounds}: {model} {strategy} x{devices}", file=sys.stderr)
                 measure(
                     (model, strategy, devices),
-                    lambda: measure_in_process(model, strategy, devices, kw, steps),  # noqa: B023
-                    lambda prof: predict(model, strategy, devices, 64, kw, prof),  # noqa: B023
+                    functools.partial(measure_in_process, model, strategy, devices, kw, steps),
+                    functools.partial(predict, model, strategy, devices, 64, kw),
                     profile,
                     ref,
                 )
@@ -208,30 +207,32 @@ def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dic
                     configs.append((model, strategy, ranks, kw))
                     measure(
                         (model, strategy, ranks),
-                        lambda: measure_mpi(model, strategy, ranks, steps),  # noqa: B023
-                        lambda prof: predict(model, strategy, ranks, 60, kw, prof),  # noqa: B023
+                        functools.partial(measure_mpi, model, strategy, ranks, steps),
+                        functools.partial(predict, model, strategy, ranks, 60, kw),
                         profile,
                         ref,
                     )
     rows = []
     for model, strategy, devices, _kw in configs:
-        key = (model, strategy, devices)
-        ps = preds[key]
+        recs = records[(model, strategy, devices)]
+        ps = [x["pred"] for x in recs]
+        errors = [_error(x["pred"]["step_time_s"], x["times"]) for x in recs]
+        corrected = [_error(x["pred"]["step_time_s"] * x["speed"], x["times"]) for x in recs]
         rows.append(
             {
                 "model": model,
                 "strategy": strategy,
                 "workers": devices,
-                "measured_s": statistics.median(times[key]),
+                "measured_s": statistics.median(t for x in recs for t in x["times"]),
                 "predicted_s": statistics.median(p["step_time_s"] for p in ps),
                 "predicted_compute_s": statistics.median(p["compute_s"] for p in ps),
                 "predicted_comm_s": statistics.median(p["comm_s"] for p in ps),
                 "predicted_bubble_s": statistics.median(p["bubble_s"] for p in ps),
-                "error": statistics.median(errors[key]),
-                "round_errors": errors[key],
-                "speed": speeds[key],
-                "error_drift_corrected": statistics.median(corrected[key]),
-                "round_errors_drift_corrected": corrected[key],
+                "error": statistics.median(errors),
+                "round_errors": errors,
+                "speed": [x["speed"] for x in recs],
+                "error_drift_corrected": statistics.median(corrected),
+                "round_errors_drift_corrected": corrected,
             }
         )
 
