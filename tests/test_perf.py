@@ -387,3 +387,51 @@ def test_predict_vs_measure_reports_each_configuration():
     errors = sorted(abs(r["error"]) for r in result["rows"])
     assert result["median_abs_error"] == pytest.approx((errors[4] + errors[5]) / 2)
     assert result["drift_corrected"] is None  # no --calibrate: nothing to correct against
+
+
+def test_library_ops_names_the_fusions_xla_hands_to_a_kernel_library():
+    from refdl.bench.op_profile import library_ops
+
+    ynn = 'backend_config={"fusion_config":{"kind":"__ynn_fusion"}}'
+    text = "\n".join([
+        "ENTRY %main (p: f32[4,4]) -> f32[4,4] {",
+        f"  %ynn_fusion.2 = f32[4,4]{{1,0}} fusion(%p, %p), kind=kCustom, calls=%c, {ynn}",
+        "  %dot.1 = f32[4,4]{1,0} dot(%p, %p), lhs_contracting_dims={0}, rhs_contracting_dims={0}",
+        f"  ROOT %ynn_fusion = f32[4,4]{{1,0}} fusion(%dot.1), kind=kCustom, calls=%d, {ynn}",
+        "  %add_fusion = f32[4,4]{1,0} fusion(%p), kind=kLoop, calls=%e",
+        "}",
+    ])  # fmt: skip
+    assert library_ops(text) == {"ynn_fusion.2", "ynn_fusion"}
+
+
+def test_op_profile_times_each_operation_and_predicts_it_by_hand():
+    """mlp's real step under jax.profiler (3 steps, ~8 s): every parsed operation is
+    listed once, the profiler saw them, and each group's prediction is the hand formula
+    ``factor x (count x t0 + n / r) + count x hand-off`` of the local profile."""
+    from refdl.bench import op_profile
+
+    r = op_profile.run("mlp", steps=3)
+    assert r["operations"] == len(r["ops"]) == sum(g["count"] for g in r["groups"].values())
+    assert r["unseen"] <= r["operations"] // 10  # XLA:CPU records (nearly) every operation
+    seen = [op["measured_s"] for op in r["ops"] if op["measured_s"] is not None]
+    assert min(seen) > 0 and r["measured_ops_s"] == pytest.approx(sum(seen))
+    assert {"dot", "elementwise"} <= {g.split(" ")[0] for g in r["groups"]}
+    dev = hw.load("local").device
+    for name, g in r["groups"].items():
+        kind = name.split(" ")[0]
+        rate = dev.ops.get(kind) or dev.ops["other"]
+        hand = dev.in_step.factor(kind) * (g["count"] * rate.t0_s + g["size"] / rate.rate)
+        hand += g["count"] * dev.in_step.handoff_s
+        assert g["predicted_s"] == pytest.approx(hand, rel=1e-9), name
+    gap = r["wall_s"] - r["measured_ops_s"] - r["predicted_host_s"]
+    assert r["gap_s"] == pytest.approx(gap)
+    assert r["gap_per_op_s"] == pytest.approx(gap / r["operations"])
+
+
+def test_op_profile_bad_input_is_one_line_and_exit_2(capsys):
+    from refdl.bench import op_profile
+
+    assert op_profile.main(["--model", "nope"]) == 2
+    assert op_profile.main(["--steps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "unknown model 'nope'" in err[0] and "--steps 0" in err[1]

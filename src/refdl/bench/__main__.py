@@ -1,6 +1,7 @@
 """``python -m refdl.bench COMMAND``: benchmarks that check refdl against measurement.
 
 .venv/bin/python -m refdl.bench predict-vs-measure [--mpi] [--out FILE.json]
+.venv/bin/python -m refdl.bench op-profile --model lenet5 [--hw local] [--json] [--out FILE.json]
 .venv/bin/python -m refdl.bench run recipes/FILE.toml [--set KEY=VALUE ...] [--out DIR] [--json]
 .venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 \
     --strategy data --devices 1,2,4
@@ -15,7 +16,7 @@ import argparse
 import json
 import sys
 
-COMMANDS = ("predict-vs-measure", "run", "compare")
+COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare")
 
 
 def _simulated_devices() -> None:
@@ -71,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
 
         _simulated_devices()
         return predict_vs_measure.main(argv[1:])
+    if argv[0] == "op-profile":
+        from refdl.bench import op_profile
+
+        _simulated_devices()  # as predict-vs-measure and the calibration run
+        return op_profile.main(argv[1:])
     if argv[0] == "run":
         return run_main(argv[1:])
     _simulated_devices()

@@ -47,6 +47,11 @@ class Single(Strategy):
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         return self._step(state, jax.device_put(batch, self.device))
 
+    def compiled(self, state: TrainState, batch: Batch) -> Any:
+        """The executable ``train_step`` runs (the profiler names its operations by the
+        HLO instruction names of this program)."""
+        return self._step.lower(state, jax.device_put(batch, self.device)).compile()
+
     def summary(self) -> dict[str, Any]:
         return {"mesh": MeshSpec().as_dict(), "comm_bytes_per_step": 0}
 
