@@ -23,11 +23,8 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-WARMUP = 3
 
 
 def library_ops(hlo_text: str) -> set[str]:
@@ -38,22 +35,6 @@ def library_ops(hlo_text: str) -> set[str]:
         if "fusion(" in line and "__ynn_fusion" in line and "=" in line:
             names.add(line.split("=", 1)[0].replace("ROOT", "").strip().lstrip("%"))
     return names
-
-
-def _loop(run: Any, state: Any, start: int, steps: int) -> tuple[Any, list[float]]:
-    """``steps`` steps from ``start`` as the training loop runs them; their wall times."""
-    import jax
-
-    from refdl.loop import global_batch
-
-    times = []
-    for t in range(start, start + steps):
-        batch = global_batch(run, t)
-        t0 = time.perf_counter()
-        state, metrics = run.strategy.train_step(state, batch)
-        jax.block_until_ready((state, metrics["loss"]))
-        times.append(time.perf_counter() - t0)
-    return state, times
 
 
 def _op_durations(trace_dir: str, names: set[str]) -> dict[str, list[float]]:
@@ -78,8 +59,11 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     import jax
 
     from refdl import hw
+    from refdl.bench.predict_vs_measure import WARMUP, step_times
     from refdl.errors import UsageError
     from refdl.loop import build, global_batch
+    from refdl.perf import compute_time
+    from refdl.perf.costs import _host
     from refdl.perf.ops import InStep, OpWork, op_time, parse_hlo
     from refdl.perf.shapes import model_cost
     from refdl.spec import RunSpec
@@ -92,14 +76,14 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     text = run_.strategy.compiled(state, global_batch(run_, 0)).as_text()
     ops = parse_hlo(text)
     library = library_ops(text)
-    state, _ = _loop(run_, state, 0, WARMUP)
-    state, walls = _loop(run_, state, WARMUP, steps)
+    state, _ = step_times(run_, state, 0, WARMUP)
+    state, walls = step_times(run_, state, WARMUP, steps)
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # operations only: the Python tracer would slow the host
     with tempfile.TemporaryDirectory() as tmp:
         jax.profiler.start_trace(tmp, profiler_options=options)
         try:
-            state, profiled = _loop(run_, state, WARMUP + steps, steps)
+            state, profiled = step_times(run_, state, WARMUP + steps, steps)
         finally:
             jax.profiler.stop_trace()
         durations = _op_durations(tmp, {op.name for op in ops})
@@ -124,12 +108,8 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
         rows.append({"name": op.name, "group": group, "flops": op.flops, "bytes": op.bytes,
                      "measured_s": measured, "predicted_s": predicted})  # fmt: skip
 
-    m = model_cost(model)
-    host = 0.0
-    if "dispatch" in rates:
-        host += rates["dispatch"].time(m.state_leaves + m.input_leaves, 1)
-    if "transfer" in rates:
-        host += rates["transfer"].time(batch * m.input_bytes_per_sample, m.input_leaves)
+    # the host's share of the predicted step (dispatch, batch transfer), as refdl.predict has it
+    host = compute_time(0.0, 0.0, prof, **_host(model_cost(model), batch))
     wall = statistics.median(walls)
     ops_s = sum(g["measured_s"] for g in groups.values())
     return {

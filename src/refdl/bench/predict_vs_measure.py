@@ -54,27 +54,34 @@ WARMUP = 3
 ACCEPTANCE = ("single", "data", "model", "pipeline")  # the strategies the 20 % aim is about
 
 
-def measure_in_process(
-    model: str, strategy: str, devices: int, kw: dict, steps: int
-) -> list[float]:
-    """Step times of ``steps`` steps after ``WARMUP`` steps, in this process, timed as the
-    training loop times them (the next host batch is built between steps)."""
+def step_times(run: Any, state: Any, start: int, steps: int) -> tuple[Any, list[float]]:
+    """Steps ``start .. start + steps - 1`` of ``run`` timed as the training loop times them
+    (the host batch is built between steps, untimed; ``device_put``, the step and the wait
+    are timed); the new state and the wall times."""
     import jax
 
-    from refdl.loop import build, global_batch
-    from refdl.spec import RunSpec
+    from refdl.loop import global_batch
 
-    run = build(RunSpec(strategy=strategy, model=model, devices=devices, progress=False, **kw))
-    state = run.strategy.init_state(0)
     times = []
-    for t in range(WARMUP + steps):
+    for t in range(start, start + steps):
         batch = global_batch(run, t)
         t0 = time.perf_counter()
         state, metrics = run.strategy.train_step(state, batch)
         jax.block_until_ready((state, metrics["loss"]))
-        if t >= WARMUP:
-            times.append(time.perf_counter() - t0)
-    return times
+        times.append(time.perf_counter() - t0)
+    return state, times
+
+
+def measure_in_process(
+    model: str, strategy: str, devices: int, kw: dict, steps: int
+) -> list[float]:
+    """Step times of ``steps`` steps after ``WARMUP`` steps, in this process."""
+    from refdl.loop import build
+    from refdl.spec import RunSpec
+
+    run = build(RunSpec(strategy=strategy, model=model, devices=devices, progress=False, **kw))
+    state, _ = step_times(run, run.strategy.init_state(0), 0, WARMUP)
+    return step_times(run, state, WARMUP, steps)[1]
 
 
 def measure_mpi(model: str, strategy: str, ranks: int, steps: int) -> list[float]:
