@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +26,13 @@ def refdl_step_times(
     model: str, strategy: str, devices: int, steps: int, batch: int
 ) -> list[float]:
     """Step times of refdl's ``strategy`` on ``devices`` simulated devices."""
-    import jax
-
-    from refdl.loop import build, global_batch
+    from refdl.bench.predict_vs_measure import step_times
+    from refdl.loop import build
     from refdl.spec import RunSpec
 
     run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
                         batch_size=batch, progress=False))  # fmt: skip
-    state = run.strategy.init_state(0)
-    times = []
-    for t in range(steps):
-        b = global_batch(run, t)
-        t0 = time.perf_counter()
-        state, metrics = run.strategy.train_step(state, b)
-        jax.block_until_ready((state, metrics["loss"]))
-        times.append(time.perf_counter() - t0)
-    return times
+    return step_times(run, run.strategy.init_state(0), 0, steps)[1]
 
 
 def torch_step_times(
