@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import tomllib
 
-import numpy as np
 import pytest
 
 from refdl import hw
@@ -187,6 +186,7 @@ def test_calibrate_writes_a_valid_profile(tmp_path):
     prof = hw.load(out)
     steps = prof.device.in_step
     assert steps is not None and "generic training steps" in steps.source
+    assert "jax.profiler" in steps.source and "leave-one-out" in steps.source
     assert min(steps.dot, steps.convolution, steps.memory, steps.handoff_s) >= 0
     assert prof.name == "local"
     assert 1e9 < prof.peak_flops < 1e13  # a 2-core CPU: tens to hundreds of GFLOP/s
@@ -357,18 +357,41 @@ def test_in_step_scales_each_group_and_charges_the_handoff():
     assert op_time(work, rates, local, InStep()) == pytest.approx(op_time(work, rates, local))
 
 
-def test_fit_in_step_recovers_hand_values():
-    from refdl.calibrate import fit_error, fit_in_step
+def test_fit_in_step_measures_each_figure_from_the_profile():
+    from refdl.calibrate import StepSample, fit_error, fit_in_step, in_step_predict
 
-    truth = np.array([1.5, 0.8, 2.0, 2e-5])  # dot, convolution, memory factors; hand-off
-    rows = [[1e-3, 0, 2e-4, 30], [4e-3, 0, 1e-3, 40], [0, 2e-3, 5e-4, 55],
-            [2e-4, 1e-3, 1e-4, 50], [1e-2, 0, 3e-3, 45], [1e-5, 5e-3, 2e-3, 60]]  # fmt: skip
-    fit = fit_in_step(rows, list(np.asarray(rows) @ truth))
-    got = [fit["dot"], fit["convolution"], fit["memory"], fit["handoff_s"]]
-    assert got == pytest.approx(truth, rel=1e-6)
-    assert fit_error(rows, list(np.asarray(rows) @ truth)) == "fit error median 0%, max 0%"
-    mlp_only = [[r[0], 0.0, r[2], r[3]] for r in rows]  # no convolutions: factor 1
-    assert fit_in_step(mlp_only, list(np.asarray(mlp_only) @ truth))["convolution"] == 1.0
+    factors, handoff = (1.5, 0.8, 2.0), 2e-5  # dot, convolution, memory; hand-off
+
+    def sample(alone, ops, gap, unseen=(0.0, 0.0, 0.0)):
+        """A step whose operations run ``factors`` x their isolated time, with ``gap`` per
+        operation between them; ``unseen`` is isolated time of operations the trace missed."""
+        measured = tuple(f * a for f, a in zip(factors, alone, strict=True))
+        alone_all = tuple(a + u for a, u in zip(alone, unseen, strict=True))
+        device = sum(f * a for f, a in zip(factors, alone_all, strict=True)) + gap * ops
+        return StepSample(measured, tuple(alone), alone_all, ops, device)
+
+    samples = [sample((1e-3, 0, 2e-4), 30, 2e-5), sample((4e-3, 0, 1e-3), 40, 2e-5),
+               sample((0, 2e-3, 5e-4), 55, 2e-5),
+               sample((2e-4, 1e-3, 1e-4), 50, 9e-5, unseen=(0, 0, 1e-4)),
+               sample((1e-2, 0, 3e-3), 45, 1e-5)]  # fmt: skip
+    fit = fit_in_step(samples)
+    # pooled ratios reproduce the factors exactly; the hand-off is the median gap (the
+    # missed operations' time counts in their step's gap)
+    assert [fit["dot"], fit["convolution"], fit["memory"]] == pytest.approx(factors, rel=1e-12)
+    assert fit["handoff_s"] == pytest.approx(handoff, rel=1e-12)
+    # the prediction charges every operation's isolated time, seen or not, and each hand-off
+    expect = 1.5 * 2e-4 + 0.8 * 1e-3 + 2.0 * (1e-4 + 1e-4) + 50 * 2e-5
+    assert in_step_predict(samples[3], fit) == pytest.approx(expect, rel=1e-12)
+    # leave-one-out: the others' median gap is 2e-5 whichever step is left out, so three
+    # steps are exact, and the step with 9e-5 between its operations is the farthest off
+    assert (
+        fit_error(samples)
+        == f"leave-one-out error median 0%, max {1 - expect / samples[3].device_s:.0%}"
+    )
+    mlp_only = [s for s in samples if s.alone[1] == 0]  # no convolutions: factor 1
+    assert fit_in_step(mlp_only)["convolution"] == 1.0
+    negative = [sample((1e-3, 0, 2e-4), 30, -5e-6)]  # the gap can read negative: clipped
+    assert fit_in_step(negative)["handoff_s"] == 0.0
 
 
 @pytest.mark.slow  # ~30 s: every configuration compiled and run once

@@ -125,6 +125,29 @@ def test_shared_cores_scale_compute_by_the_devices_sharing_them():
     assert compute_time(1e9, 0, P100, ops=10, sharing=4) == pytest.approx(1e9 / 10.6e12)
 
 
+def test_shared_cores_add_up_operations_and_overlap_the_handoffs_of_concurrent_devices():
+    from refdl.perf.ops import InStep, OpRate, OpWork
+
+    local = hw.load("local")
+    dev = dataclasses.replace(
+        local.device,
+        ops={"dot": OpRate(1e-6, 1e10), "elementwise": OpRate(0.0, 1e9)},
+        in_step=InStep(dot=2.0, memory=1.0, handoff_s=1e-5),
+    )
+    prof = dataclasses.replace(local, device=dev)
+    work = OpWork({"dot": (4, 1e8), "elementwise": (6, 1e6)})
+    busy = 2 * (4e-6 + 1e-2) + 1e-3  # the operations, by hand
+    waits = 10 * 1e-5  # 10 hand-offs (calls=0: no host dispatch)
+    one = compute_time(0, 0, prof, calls=0, work=work, sharing=1)
+    assert one == pytest.approx(busy + waits)
+    # 4 devices at once (one SPMD call): their operations share the cores, the waits overlap
+    spmd = compute_time(0, 0, prof, calls=0, work=work, sharing=4)
+    assert spmd == pytest.approx(4 * busy + waits)
+    # 4 stages run in turn by the pipeline's executor: everything adds up
+    staged = compute_time(0, 0, prof, calls=0, work=work, sharing=4, concurrent=False)
+    assert staged == pytest.approx(4 * (busy + waits))
+
+
 def test_predict_steps_speedup_and_efficiency_definitions():
     rows = predict_steps("p100-nvlink-ib-edr", "data", "lenet5_1998", 32, [1, 2, 8, 64],
                          scaling="weak")  # fmt: skip

@@ -14,6 +14,7 @@ fraction is 1 (these are measured rates, not line rates).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -23,7 +24,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -460,10 +463,15 @@ def host_rates(when: str = "", rates: dict | None = None) -> dict[str, dict]:
 # 8x8 images run at ~2 GFLOP/s. ``in_step`` measures it on generic training steps -
 # plain-JAX MLPs and CNNs on a grid of widths, depths, kernels and batches, not refdl's
 # models - run the way the training loop runs them (a fresh host batch, ``device_put``,
-# the step, wait), and fits a factor per group of operations on their isolated time plus
-# a hand-off per operation (``fit_in_step``; ``refdl.perf.ops.InStep`` applies them).
+# the step, wait) and then under the profiler. Each group's factor is its operations'
+# in-step time over their isolated time, and the hand-off is the time between operations
+# that no operation accounts for (``fit_in_step``; ``refdl.perf.ops.InStep`` applies
+# them). Each figure is measured on its own: an earlier whole-step least-squares fit of
+# the same four figures traded them off against each other (a hand-off of 6 us where the
+# profiler shows ~20 us between operations) and predicted refdl's steps 20-55 % low.
 
-STEP_REPEATS = 30  # timed steps of each generic training step
+STEP_REPEATS = 30  # plain timed steps of each generic training step
+STEP_PROFILED = 20  # and as many under jax.profiler: each operation's time inside the step
 # (input, hidden, depth, batch): tanh MLPs
 STEP_MLPS = [(256, 128, 1, 32), (256, 512, 2, 128), (1024, 128, 3, 32), (1024, 512, 1, 64),
              (512, 256, 4, 16), (128, 1024, 2, 256), (2048, 64, 2, 128),
@@ -574,29 +582,113 @@ def _generic_steps() -> list[GenericStep]:
     return out
 
 
+@contextlib.contextmanager
+def traced_ops(names: set[str]) -> Iterator[dict[str, list[float]]]:
+    """Run the block under ``jax.profiler`` (operations only: the Python tracer would slow
+    the host) and, on leaving it, fill the yielded dict with the seconds of every event
+    named like one of ``names``: XLA:CPU names each operation it executes by its HLO
+    instruction, so these are the operations' own times inside whatever the block ran."""
+    import jax
+    from jax.profiler import ProfileData
+
+    out: dict[str, list[float]] = {}
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.profiler.start_trace(tmp, profiler_options=options)
+        try:
+            yield out
+        finally:
+            jax.profiler.stop_trace()
+        found = sorted(Path(tmp).rglob("*.xplane.pb"))
+        if not found:
+            raise RuntimeError(f"jax.profiler wrote no trace under {tmp}")
+        for plane in ProfileData.from_file(str(found[-1])).planes:
+            for line in plane.lines:
+                for ev in line.events:
+                    if ev.name in names:
+                        out.setdefault(ev.name, []).append(ev.duration_ns * 1e-9)
+
+
+IN_STEP_GROUPS = ("dot", "convolution", "memory")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSample:
+    """One generic training step as the calibration measured it, per group
+    (``IN_STEP_GROUPS``): the profiler's in-step time of the operations the trace saw
+    (median over the profiled steps) and those operations' isolated prediction; every
+    operation's isolated prediction; the operation count; and the device time (median
+    wall time of a plain step less the predicted host time)."""
+
+    measured: tuple[float, ...]
+    alone: tuple[float, ...]
+    alone_all: tuple[float, ...]
+    ops: int
+    device_s: float
+
+    @property
+    def gap_per_op_s(self) -> float:
+        """Device time no operation accounts for, per operation (the hand-off)."""
+        return (self.device_s - sum(self.measured)) / max(self.ops, 1)
+
+
+def fit_in_step(samples: list[StepSample]) -> dict[str, float]:
+    """``{dot, convolution, memory, handoff_s}`` measured, not fitted: each group's factor
+    is its operations' total in-step time over their total isolated time, pooled over the
+    steps (a group no step has keeps factor 1), and the hand-off is the median over the
+    steps of the gap per operation (at least 0). Each figure comes from its own
+    measurement, so they cannot trade off against each other as in a whole-step fit."""
+    out = {}
+    for j, group in enumerate(IN_STEP_GROUPS):
+        alone = sum(s.alone[j] for s in samples)
+        out[group] = sum(s.measured[j] for s in samples) / alone if alone > 0 else 1.0
+    gaps = [s.gap_per_op_s for s in samples]
+    return out | {"handoff_s": max(float(np.median(gaps)), 0.0) if gaps else 0.0}
+
+
+def in_step_predict(sample: StepSample, fit: dict[str, float]) -> float:
+    """A step's device time as ``[device.in_step]`` predicts it: each group's isolated
+    time times its factor, plus the hand-off per operation."""
+    groups = sum(fit[g] * a for g, a in zip(IN_STEP_GROUPS, sample.alone_all, strict=True))
+    return groups + fit["handoff_s"] * sample.ops
+
+
+def fit_error(samples: list[StepSample]) -> str:
+    """Median and largest relative error on each step's device time of ``fit_in_step``
+    made without that step (leave-one-out)."""
+    err = [
+        abs(in_step_predict(s, fit_in_step(samples[:i] + samples[i + 1 :])) / s.device_s - 1)
+        for i, s in enumerate(samples)
+    ]
+    return f"leave-one-out error median {np.median(err):.0%}, max {max(err):.0%}"
+
+
 def in_step(
     table: dict[str, dict], peak_flops: float, memory_bandwidth: float, when: str = ""
 ) -> dict[str, Any]:
-    """``[device.in_step]``: the factors per group (dot, convolution, memory) and the
-    hand-off per operation that best turn the isolated prediction of ``table``
-    (``op_rates``) into the generic training steps' device time (wall time of put + step
-    + wait, less the predicted host time); non-negative least squares on the relative
-    error."""
+    """``[device.in_step]`` from the generic training steps: each is timed the training
+    loop's way (``STEP_REPEATS`` steps), then profiled (``STEP_PROFILED`` more) so that
+    every operation's in-step time can be set beside its isolated prediction from
+    ``table`` (``op_rates``); ``fit_in_step`` turns that into the factors and the
+    hand-off."""
     import types
 
     import jax
 
-    from refdl.perf.ops import FLOP_KINDS, OpRate, OpWork, by_kind, op_time, parse_hlo
+    from refdl.perf.ops import FLOP_KINDS, OpRate, OpWork, op_time, parse_hlo
 
     rates = {k: OpRate(v["t0_s"], v["rate"]) for k, v in table.items()}
     hw = types.SimpleNamespace(peak_flops=peak_flops, memory_bandwidth=memory_bandwidth)
-    rows, device = [], []
+    samples = []
     for g in _generic_steps():
         rng = np.random.default_rng(0)
         state = jax.device_put(g.state, jax.devices()[0])
         batch = g.batch(rng)
         ops = parse_hlo(g.step.lower(state, batch).compile().as_text())
         state, walls = g.loop_times(state, rng, STEP_REPEATS)
+        with traced_ops({op.name for op in ops}) as durations:
+            state, profiled = g.loop_times(state, rng, STEP_PROFILED, warmup=0)
         leaves = len(jax.tree.leaves(state)) + len(batch)
         host = sum(
             rates[k].time(n, c)
@@ -604,41 +696,27 @@ def in_step(
                             ("transfer", sum(v.nbytes for v in batch.values()), len(batch)))
             if k in rates
         )  # fmt: skip
-        alone = dict.fromkeys(IN_STEP_GROUPS, 0.0)
-        for kind, (count, n) in by_kind(ops).items():
-            group = kind if kind in FLOP_KINDS else "memory"
-            alone[group] += op_time(OpWork({kind: (count, n)}), rates, hw)
-        rows.append([*alone.values(), len(ops)])
-        device.append(max(float(np.median(walls)) - host, 1e-6))
-    return fit_in_step(rows, device) | {"source": (
-        f"refdl.hw calibrate {when}: non-negative least squares (relative error) over "
-        f"{len(device)} generic training steps (plain-JAX MLPs and CNNs timed as the training "
-        "loop times a step, less the predicted host time) on the isolated prediction of "
-        "each group and the operation count; " + fit_error(rows, device))}  # fmt: skip
-
-
-IN_STEP_GROUPS = ("dot", "convolution", "memory")
-
-
-def fit_in_step(rows: list[list[float]], device: list[float]) -> dict[str, float]:
-    """``{dot, convolution, memory, handoff_s}`` minimising the relative error of
-    ``device ~ rows @ (dot, convolution, memory, handoff_s)`` with every figure >= 0; each
-    row is one step's isolated time per group and its operation count. A group without
-    operations in any row keeps its isolated time (factor 1)."""
-    from scipy.optimize import nnls
-
-    a, y = np.asarray(rows, float), np.asarray(device, float)
-    coef, _ = nnls(a / y[:, None], np.ones_like(y))  # relative: each step counts alike
-    out = {g: float(coef[j]) if a[:, j].any() else 1.0 for j, g in enumerate(IN_STEP_GROUPS)}
-    return out | {"handoff_s": float(coef[3])}
-
-
-def fit_error(rows: list[list[float]], device: list[float]) -> str:
-    """The median and largest relative error of ``fit_in_step`` on its own rows."""
-    fit = fit_in_step(rows, device)
-    coef = np.array([*(fit[g] for g in IN_STEP_GROUPS), fit["handoff_s"]])
-    err = np.abs(np.asarray(rows) @ coef / np.asarray(device) - 1)
-    return f"fit error median {np.median(err):.0%}, max {err.max():.0%}"
+        device = max(float(np.median(walls)) - host, 1e-6)
+        # The profiler slows a step (~10 %): its operation times are scaled by the plain
+        # step's device time over the profiled step's, so the gap is not read negative.
+        scale = device / max(float(np.median(profiled)) - host, 1e-6)
+        measured, alone, alone_all = ([0.0] * len(IN_STEP_GROUPS) for _ in range(3))
+        for op in ops:
+            j = IN_STEP_GROUPS.index(op.kind if op.kind in FLOP_KINDS else "memory")
+            t = op_time(OpWork({op.kind: (1, op.size)}), rates, hw)
+            alone_all[j] += t
+            if op.name in durations:
+                measured[j] += scale * float(np.median(durations[op.name]))
+                alone[j] += t
+        samples.append(StepSample(tuple(measured), tuple(alone), tuple(alone_all), len(ops),
+                                  device))  # fmt: skip
+    return fit_in_step(samples) | {"source": (
+        f"refdl.hw calibrate {when}: {len(samples)} generic training steps (plain-JAX MLPs "
+        "and CNNs) timed as the training loop times a step and profiled with jax.profiler; "
+        "per group, the operations' in-step time (scaled by plain / profiled step time) over "
+        "their isolated prediction (pooled); "
+        "hand-off = median over the steps of (wall - predicted host - operations) per "
+        "operation; " + fit_error(samples))}  # fmt: skip
 
 
 def device_tables(peak_flops: float, memory_bandwidth: float, when: str = "") -> dict[str, Any]:

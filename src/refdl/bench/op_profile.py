@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,29 +36,12 @@ def library_ops(hlo_text: str) -> set[str]:
     return names
 
 
-def _op_durations(trace_dir: str, names: set[str]) -> dict[str, list[float]]:
-    """Seconds of each event named like one of ``names`` in the trace under ``trace_dir``."""
-    from jax.profiler import ProfileData
-
-    found = sorted(Path(trace_dir).rglob("*.xplane.pb"))
-    if not found:
-        raise RuntimeError(f"jax.profiler wrote no trace under {trace_dir}")
-    out: dict[str, list[float]] = {}
-    for plane in ProfileData.from_file(str(found[-1])).planes:
-        for line in plane.lines:
-            for ev in line.events:
-                if ev.name in names:
-                    out.setdefault(ev.name, []).append(ev.duration_ns * 1e-9)
-    return out
-
-
 def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) -> dict[str, Any]:
     """Measured and predicted time of each operation of ``model``'s single-device step,
     grouped by kind; the step's wall time, its measured operations and the gap."""
-    import jax
-
     from refdl import hw
     from refdl.bench.predict_vs_measure import WARMUP, step_times
+    from refdl.calibrate import traced_ops
     from refdl.errors import UsageError
     from refdl.loop import build, global_batch
     from refdl.perf import compute_time
@@ -78,15 +60,8 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     library = library_ops(text)
     state, _ = step_times(run_, state, 0, WARMUP)
     state, walls = step_times(run_, state, WARMUP, steps)
-    options = jax.profiler.ProfileOptions()
-    options.python_tracer_level = 0  # operations only: the Python tracer would slow the host
-    with tempfile.TemporaryDirectory() as tmp:
-        jax.profiler.start_trace(tmp, profiler_options=options)
-        try:
-            state, profiled = step_times(run_, state, WARMUP + steps, steps)
-        finally:
-            jax.profiler.stop_trace()
-        durations = _op_durations(tmp, {op.name for op in ops})
+    with traced_ops({op.name for op in ops}) as durations:
+        state, profiled = step_times(run_, state, WARMUP + steps, steps)
 
     rates = prof.device.ops or {}
     in_step = prof.device.in_step if rates else None

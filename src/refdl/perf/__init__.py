@@ -62,9 +62,16 @@ def compute_time(
     work: Any = None,
     leaves: float = 0.0,
     transfer: tuple[float, float] = (0.0, 0.0),
+    concurrent: bool = True,
 ) -> float:
     """Time of one device's share of a step, times ``sharing`` when that many devices
     share one host's cores (simulated devices), plus the host's work.
+
+    Of a device's time, the operations occupy the cores and add up over the
+    ``sharing`` devices; the hand-offs between operations (``[device.in_step]``) are
+    waits, which overlap the other devices' operations when the devices run at once
+    (``concurrent``: one SPMD call, or one process each) and add up when a host
+    executor runs them one after another (the pipeline's).
 
     Device: where the profile has operation rates (``[device.ops.*]``) and ``work``
     (``refdl.perf.ops.OpWork``) is given, the sum over operation kinds of Hockney's
@@ -79,8 +86,12 @@ def compute_time(
     dev = getattr(hw, "device", None)
     rates = getattr(dev, "ops", {}) or {}
     share = sharing if getattr(dev, "shared_cores", False) else 1
+    waits = 0.0
     if work is not None and work.kinds and rates:
-        device = op_time(work, rates, hw, getattr(dev, "in_step", None))
+        in_step = getattr(dev, "in_step", None)
+        device = op_time(work, rates, hw, in_step)
+        if in_step is not None:
+            waits = in_step.handoff_s * sum(count for count, _ in work.kinds.values())
     else:
         device = roofline_time(flops, bytes_accessed, hw) + ops * getattr(dev, "op_overhead_s", 0.0)
     if "dispatch" in rates:
@@ -89,7 +100,7 @@ def compute_time(
         host = calls * getattr(dev, "dispatch_s", 0.0)
     if "transfer" in rates and transfer[0]:
         host += rates["transfer"].time(transfer[1], transfer[0])
-    return device * share + host
+    return (device - waits) * share + waits * (1 if concurrent else share) + host
 
 
 def exposed(comm_s: float, compute_s: float, overlap: float) -> float:

@@ -116,7 +116,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     calls = 2 * mb * p * v + p
     t = compute_time(
         m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p,
-        work=m.op_work(batch / mb).scaled(share=mb / p, repeat=mb / p),
+        concurrent=False, work=m.op_work(batch / mb).scaled(share=mb / p, repeat=mb / p),
         leaves=calls * (m.state_leaves / p + m.input_leaves),
         transfer=(2 * mb * p * v, batch * (m.input_bytes_per_sample
                                            + 2 * m.boundary_bytes_per_sample)),
@@ -154,6 +154,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         sharing=workers,
         work=m.op_work(b).scaled(share=1 / (tp * pp)),
         **_host(m, batch, workers),
+        concurrent=pp == 1,  # with pipeline stages, the host executor runs them in turn
     )
     link_tp = _link(hw, tp, opts)
     tp_comm = 2 * m.layers / pp * allreduce_ring(b * m.boundary_bytes_per_sample, tp, link_tp)

@@ -287,7 +287,8 @@ class InStep:
     factor on the isolated time of each group (products ``dot`` and ``convolution``, and
     ``memory`` for every memory-bound kind), plus ``handoff_s`` per operation (XLA's
     thread pool passing the step from one operation to the next, asleep while the host
-    builds the next batch). Fitted by ``refdl.hw calibrate`` on generic training steps."""
+    builds the next batch: a wait, not work). Measured by ``refdl.hw calibrate`` with
+    JAX's profiler on generic training steps (``refdl.calibrate.fit_in_step``)."""
 
     dot: float = 1.0
     convolution: float = 1.0
