@@ -211,3 +211,46 @@ def test_refdl_model_cost_carries_its_operations_and_local_uses_them():
     assert device > 0 and c.compute_s > device  # plus the host's dispatch and transfer
     assert isinstance(m.op_work(8), OpWork)
     assert model_cost("alexnet").op_kinds == ()  # shape-only: the roofline
+
+
+def test_tensor_collectives_walk_the_layers_by_hand():
+    from refdl.perf.shapes import tensor_collectives
+
+    # column, row, replicated classifier: one all-reduce of the row layer's output; the
+    # first layer's input gradient is not needed
+    mlp = tensor_collectives([None, (False, True), (True, False), (False, False)],
+                             [64, 64, 256, 256, 10])  # fmt: skip
+    assert mlp == (("allreduce", 4.0 * 256),)
+    # two channel-split convolutions (pools between), flatten, column, row, classifier
+    layers = [(False, True), None, (False, True), None, None, (False, True), (True, False),
+              (False, False)]  # fmt: skip
+    sizes = [64, 512, 128, 256, 64, 64, 120, 84, 10]
+    assert tensor_collectives(layers, sizes) == (
+        ("allgather", 4.0 * 128), ("allreduce", 4.0 * 128),  # conv2 needs all channels
+        ("allgather", 4.0 * 64), ("allreduce", 4.0 * 64),  # fc1 needs the whole flatten
+        ("allreduce", 4.0 * 84),  # fc2's partial sums
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["mlp", "lenet5"])
+def test_tensor_collectives_are_those_of_the_compiled_model_parallel_step(model):
+    """The cost model's collectives equal, op for op and byte for byte, the all-reduces
+    and all-gathers XLA's partitioner put in refdl's compiled 2-way model-parallel step."""
+    import numpy as np
+
+    from refdl.loop import build, global_batch
+    from refdl.perf.ops import DTYPE_BYTES, shape_dims
+    from refdl.perf.shapes import model_cost
+    from refdl.spec import RunSpec
+
+    run = build(RunSpec(strategy="model", model=model, devices=2, batch_size=64, progress=False))
+    state = run.strategy.init_state(0)
+    text = run.strategy._step.lower(state, global_batch(run, 0)).compile().as_text()
+    found = []
+    for line in text.splitlines():
+        m = re.search(r"= (\S+) (all-reduce|all-gather)(?:-start)?\(", line)
+        if m:
+            (dtype, dims), *_ = shape_dims(m.group(1))
+            found.append((m.group(2).replace("-", ""), DTYPE_BYTES[dtype] * float(np.prod(dims))))
+    want = [(op, 64 * n) for op, n in model_cost(model).tp_collectives]
+    assert sorted(found) == sorted(want)

@@ -21,7 +21,13 @@ from refdl.comm.topology import adjacency
 from refdl.errors import UsageError
 from refdl.mesh import MeshSpec
 from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
-from refdl.perf.collectives import ALLREDUCE, allreduce_ring, neighbour_exchange, ps_push_pull
+from refdl.perf.collectives import (
+    ALLREDUCE,
+    allgather_ring,
+    allreduce_ring,
+    neighbour_exchange,
+    ps_push_pull,
+)
 from refdl.perf.shapes import ModelCost
 from refdl.pipeline.schedule import analytic_bubble
 
@@ -85,14 +91,20 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
 
 
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
-    """Every layer split P ways: 1/P of the compute and state, and per layer two
-    allreduces (forward, backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
+    """Every layer split P ways: 1/P of the compute and state, and the collectives the
+    split leaves: the model's own (``ModelCost.tp_collectives``: ring all-reduces and
+    all-gathers of activations) where known, else per layer two all-reduces (forward,
+    backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
     t = compute_time(
         m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers,
         work=m.op_work(batch).scaled(share=1 / workers), **_host(m, batch, workers),
     )  # fmt: skip
     link = _link(hw, workers, opts)
-    comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
+    if m.tp_collectives:
+        ring = {"allreduce": allreduce_ring, "allgather": allgather_ring}
+        comm = sum(ring[op](batch * n, workers, link) for op, n in m.tp_collectives)
+    else:
+        comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
     mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
     return CostBreakdown(
         compute_s=t, comm_s=exposed(comm, t, opts.overlap), memory_bytes=int(mem),

@@ -61,6 +61,10 @@ class ModelCost:
     state_leaves: int = 0  # arrays of the training state (arguments of a step call)
     input_leaves: int = 0  # arrays of one batch (x, y)
     input_bytes_per_sample: float = 0.0  # bytes of one sample's x and y
+    # The tensor-parallel step's collectives, in order: (op, fp32 bytes per sample), op
+    # "allreduce" or "allgather" (``tensor_collectives``); empty: not known (then
+    # ``refdl.perf.costs.tensor`` counts Megatron-LM's two all-reduces per layer).
+    tp_collectives: tuple[tuple[str, float], ...] = ()
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -436,19 +440,70 @@ def _refdl_model_cost(name: str) -> ModelCost:
     kinds = op_kinds(task.step, state, run.dataset.train_batch(np.arange(1)))
     x = jax.ShapeDtypeStruct(np.shape(task.sample_x), np.asarray(task.sample_x).dtype)
     outs, params = [], _count(state.params)
+    sizes = [math.prod(x.shape[1:])]
     for layer in task.model.layers:  # each layer's output size, abstractly
         x, _ = jax.eval_shape(
             lambda x, layer=layer: layer.init_with_output(jax.random.key(0), x, train=False), x
         )
         outs.append(math.prod(x.shape[1:]))
     sample = run.dataset.train_batch(np.arange(1))
+    tp = _tp_layers(task)
     return dataclasses.replace(
         _finish(name, params, costs, outs, ops),
+        tp_collectives=tensor_collectives(tp, sizes + outs) if tp is not None else (),
         op_kinds=kinds,
         state_leaves=len(jax.tree.leaves(state)),
         input_leaves=len(jax.tree.leaves(sample)),
         input_bytes_per_sample=float(sum(np.asarray(v).nbytes for v in sample.values())),
     )
+
+
+def tensor_collectives(
+    layers: list[tuple[bool, bool] | None], sizes: list[int]
+) -> tuple[tuple[str, float], ...] | None:
+    """The collectives of a tensor-parallel step of a chain of layers, each given as
+    ``(input features split, output features split)`` over the model axis (``None``: a
+    layer without parameters, which keeps its input's split), ``sizes`` the elements per
+    sample of the input and of each layer's output. Forward, a layer that needs its whole
+    input all-gathers a split one, and a row-split layer all-reduces its partial sums;
+    backward, a column-split layer all-reduces its input's gradient (not the first layer
+    with parameters: the data needs none). Returns ``(op, fp32 bytes per sample)``; on
+    refdl's mlp this gives the 1 all-reduce, and on lenet5 the 3 all-reduces and 2
+    all-gathers, that XLA's partitioner puts in the compiled model-parallel step."""
+    out: list[tuple[str, float]] = []
+    split, seen = False, False
+    for i, layer in enumerate(layers):
+        if layer is None:
+            continue
+        split_in, split_out = layer
+        if split and not split_in:
+            out.append(("allgather", 4.0 * sizes[i]))
+        if split_out and seen:
+            out.append(("allreduce", 4.0 * sizes[i]))
+        if split_in:
+            out.append(("allreduce", 4.0 * sizes[i + 1]))
+        split, seen = split_out, True
+    return tuple(out)
+
+
+def _tp_layers(task: Any) -> list[tuple[bool, bool] | None] | None:
+    """Each layer's ``(input split, output split)`` under the tensor rules, where every
+    layer with parameters is a ``Dense`` or ``Conv`` (else ``None``: not known)."""
+    from refdl.core.layers import Conv, Dense
+    from refdl.strategies.hybrid import TENSOR_RULES
+
+    axes = task.model.logical_axes(task.sample_x)
+    out: list[tuple[bool, bool] | None] = []
+    for key, layer in zip(task.model.keys, task.model.layers, strict=True):
+        kernel = axes.get(key, {}).get("kernel")
+        if not jax.tree.leaves(axes.get(key, {}), is_leaf=lambda a: isinstance(a, tuple)):
+            out.append(None)
+        elif isinstance(layer, Dense | Conv) and kernel is not None:
+            out.append((TENSOR_RULES.get(kernel[-2]) is not None,
+                        TENSOR_RULES.get(kernel[-1]) is not None))  # fmt: skip
+        else:
+            return None
+    return out
 
 
 OP_BATCHES = (16, 64)  # compile the step at these batches; sizes are linear in between
