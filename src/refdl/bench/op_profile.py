@@ -8,17 +8,19 @@ same number under ``jax.profiler``. XLA:CPU records every executed operation
 under its HLO instruction name, so each operation that ``refdl.perf.ops.parse_hlo``
 lists gets its measured time (the median over the profiled steps) beside the
 profile's prediction for it (``op_time``: Hockney's ``t0 + n / r_inf`` of its
-kind, scaled by ``[device.in_step]``, plus the hand-off). Rows group the
+kind, scaled by its group's ``[device.in_step]`` factor). Rows group the
 operations by kind, and by whether XLA handed them to a kernel library (its
 YNNPACK custom fusions run products and pools with other kernels than its own
 emitter). ``gap`` is what the plain step's wall time leaves once the measured
 operations and the predicted host time (dispatch, batch transfer) are taken
-out: time between operations that no operation accounts for.
+out: time between operations that no operation accounts for, set beside the
+predicted hand-offs (``[device.in_step]``'s ``handoff_s`` per operation).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -64,12 +66,15 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
         state, profiled = step_times(run_, state, WARMUP + steps, steps)
 
     rates = prof.device.ops or {}
-    in_step = prof.device.in_step if rates else None
+    in_step = (prof.device.in_step if rates else None) or InStep()
+    # each operation's own time (the in-step factors, no hand-off): what the profiler times;
+    # the hand-offs are set beside the gap between operations instead
+    busy = dataclasses.replace(in_step, handoff_s=0.0)
     groups: dict[str, dict[str, Any]] = {}
     rows = []
     for op in ops:
         measured = statistics.median(durations[op.name]) if op.name in durations else None
-        predicted = op_time(OpWork({op.kind: (1, op.size)}), rates, prof, in_step or InStep())
+        predicted = op_time(OpWork({op.kind: (1, op.size)}), rates, prof, busy)
         group = op.kind + (" (library)" if op.name in library else "")
         g = groups.setdefault(group, {"count": 0, "unseen": 0, "measured_s": 0.0,
                                       "predicted_s": 0.0, "size": 0.0})  # fmt: skip
@@ -101,6 +106,7 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
         "predicted_host_s": host,
         "gap_s": wall - ops_s - host,
         "gap_per_op_s": (wall - ops_s - host) / max(len(ops), 1),
+        "predicted_handoff_s": in_step.handoff_s * len(ops),
         "groups": dict(sorted(groups.items(), key=lambda kv: -kv[1]["measured_s"])),
         "ops": sorted(rows, key=lambda r: -(r["measured_s"] or 0.0)),
     }
@@ -120,7 +126,8 @@ def print_table(r: dict[str, Any], top: int = 8) -> None:
           f"{r['predicted_ops_s'] * 1e3:13.3f}")  # fmt: skip
     print(f"step wall {r['wall_s'] * 1e3:.3f} ms (profiled {r['wall_profiled_s'] * 1e3:.3f} ms); "
           f"predicted host {r['predicted_host_s'] * 1e3:.3f} ms; gap {r['gap_s'] * 1e3:.3f} ms "
-          f"= {r['gap_per_op_s'] * 1e6:.1f} µs per operation")  # fmt: skip
+          f"= {r['gap_per_op_s'] * 1e6:.1f} µs per operation; predicted hand-offs "
+          f"{r['predicted_handoff_s'] * 1e3:.3f} ms")  # fmt: skip
     print(f"longest {top} operations:")
     for op in r["ops"][:top]:
         measured = op["measured_s"] * 1e6 if op["measured_s"] is not None else float("nan")
