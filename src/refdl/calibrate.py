@@ -721,6 +721,6 @@ def in_step(
 
 def device_tables(peak_flops: float, memory_bandwidth: float, when: str = "") -> dict[str, Any]:
     """The operation-level part of a profile's ``[device]``: ``ops`` (``op_rates``) and
-    ``in_step`` (``in_step``), measured together (about a minute and a half)."""
+    ``in_step`` (``in_step``), measured together (about two minutes)."""
     ops = op_rates(when)
     return {"in_step": in_step(ops, peak_flops, memory_bandwidth, when), "ops": ops}
