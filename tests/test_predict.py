@@ -13,7 +13,7 @@ from refdl import hw
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions, compute_time, roofline_time
 from refdl.perf import costs as K
-from refdl.perf.collectives import Link, allreduce_ring
+from refdl.perf.collectives import Link, allgather_ring, allreduce_ring
 from refdl.perf.shapes import ModelCost, model_cost, shape_param_count
 from refdl.pipeline.schedule import analytic_bubble
 from refdl.predict import main as predict_main
@@ -90,6 +90,25 @@ def test_data_cost_is_compute_share_plus_ring_allreduce():
     assert times == sorted(times)
     hidden = K.data(m, P100, 64, 16, dataclasses.replace(o, overlap=1.0))
     assert hidden.comm_s == pytest.approx(max(0.0, c.comm_s - c.compute_s))
+
+
+def test_tensor_and_hybrid_charge_the_models_own_collectives_where_known():
+    # 2 all-reduces of 1 kB and an all-gather of 512 B per sample, instead of Megatron's
+    # 2 x 10 layers all-reduces of the boundary
+    m = dataclasses.replace(toy(), tp_collectives=(("allreduce", 1024.0), ("allgather", 512.0),
+                                                   ("allreduce", 1024.0)))  # fmt: skip
+    link = P100.link(4).alpha_beta()
+    own = 2 * allreduce_ring(64 * 1024.0, 4, link) + allgather_ring(64 * 512.0, 4, link)
+    assert K.tensor(m, P100, 64, 4, PredictOptions()).comm_s == pytest.approx(own)
+    megatron = 2 * 10 * allreduce_ring(64 * 4e4, 4, link)
+    assert K.tensor(toy(), P100, 64, 4, PredictOptions()).comm_s == pytest.approx(megatron)
+    # hybrid data=2 x model=2 x pipe=2 on 8: the tensor share on B/2, over 2 stages, plus
+    # the data all-reduce of a quarter of the gradients
+    o = PredictOptions(mesh="data=2,model=2,pipe=2")
+    tp = 2 * allreduce_ring(32 * 1024.0, 2, P100.link(2).alpha_beta())
+    tp += allgather_ring(32 * 512.0, 2, P100.link(2).alpha_beta())
+    dp = allreduce_ring(4e6 / 4, 2, P100.link(8).alpha_beta())
+    assert K.hybrid(m, P100, 64, 8, o).comm_s == pytest.approx(tp / 2 + dp)
 
 
 def test_pipeline_bubble_follows_the_schedule_table():

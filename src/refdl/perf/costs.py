@@ -54,6 +54,17 @@ def _host(m: ModelCost, batch: float, buffers: int = 1) -> dict:
     }
 
 
+def _tp_comm(m: ModelCost, batch: float, tp: int, link) -> float:
+    """The collectives of a ``tp``-way tensor-parallel step on ``batch`` samples: the
+    model's own (``ModelCost.tp_collectives``: ring all-reduces and all-gathers of
+    activations) where known, else per layer two all-reduces (forward, backward) of its
+    output (Megatron-LM's count; Shoeybi et al. 2019)."""
+    if m.tp_collectives:
+        ring = {"allreduce": allreduce_ring, "allgather": allgather_ring}
+        return sum(ring[op](batch * n, tp, link) for op, n in m.tp_collectives)
+    return 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, tp, link)
+
+
 def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> float:
     """Parameters, gradients and optimizer words per device, for a 1/shard share."""
     return (2 + opts.optimizer_words) * m.param_bytes / shard
@@ -92,19 +103,12 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
 
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
-    split leaves: the model's own (``ModelCost.tp_collectives``: ring all-reduces and
-    all-gathers of activations) where known, else per layer two all-reduces (forward,
-    backward) of its output (Megatron-LM's count; Shoeybi et al. 2019)."""
+    split leaves (``_tp_comm``)."""
     t = compute_time(
         m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers,
         work=m.op_work(batch).scaled(share=1 / workers), **_host(m, batch, workers),
     )  # fmt: skip
-    link = _link(hw, workers, opts)
-    if m.tp_collectives:
-        ring = {"allreduce": allreduce_ring, "allgather": allgather_ring}
-        comm = sum(ring[op](batch * n, workers, link) for op, n in m.tp_collectives)
-    else:
-        comm = 2 * m.layers * allreduce_ring(batch * m.boundary_bytes_per_sample, workers, link)
+    comm = _tp_comm(m, batch, workers, _link(hw, workers, opts))
     mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
     return CostBreakdown(
         compute_s=t, comm_s=exposed(comm, t, opts.overlap), memory_bytes=int(mem),
@@ -169,7 +173,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         concurrent=pp == 1,  # with pipeline stages, the host executor runs them in turn
     )
     link_tp = _link(hw, tp, opts)
-    tp_comm = 2 * m.layers / pp * allreduce_ring(b * m.boundary_bytes_per_sample, tp, link_tp)
+    tp_comm = _tp_comm(m, b, tp, link_tp) / pp  # each stage runs its share of the layers
     dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, _link(hw, workers, opts))
     bubble = 0.0
     if pp > 1:

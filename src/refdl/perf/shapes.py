@@ -460,7 +460,7 @@ def _refdl_model_cost(name: str) -> ModelCost:
 
 def tensor_collectives(
     layers: list[tuple[bool, bool] | None], sizes: list[int]
-) -> tuple[tuple[str, float], ...] | None:
+) -> tuple[tuple[str, float], ...]:
     """The collectives of a tensor-parallel step of a chain of layers, each given as
     ``(input features split, output features split)`` over the model axis (``None``: a
     layer without parameters, which keeps its input's split), ``sizes`` the elements per
