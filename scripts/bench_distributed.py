@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def train(out: Path, ranks: int, *args: str, timeout: float = 600) -> dict:
     """One ``python -m refdl.train`` run (under mpirun when ranks > 1); its summary."""
-    from refdl import dist
+    from refdl.parallel import processes as dist
 
     argv = ["-m", "refdl.train", *args, "--out", str(out), "--no-progress"]
     if ranks > 1:
@@ -130,7 +130,7 @@ def bench_consensus(runs: Path, steps: int, ranks: int) -> list[dict]:
 def bench_allreduce(out: Path, repeats: int) -> dict:
     """``refdl.bench.mpi_allreduce`` at 2 and 4 ranks, before (plain environment) and after
     ``dist.MALLOC_TUNABLES``; its JSON per ``"{ranks}_{before|after}"``."""
-    from refdl import dist
+    from refdl.parallel import processes as dist
 
     res = {}
     for ranks in (2, 4):

@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -38,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from refdl.bench.plots import gantt
-    from refdl.loop import build, global_batch
-    from refdl.pipeline.schedule import analytic_bubble
-    from refdl.spec import RunSpec
+    from refdl.config.spec import RunSpec
+    from refdl.parallel.schedule import analytic_bubble
+    from refdl.run.build import build
+    from refdl.run.trajectory import trajectory
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,14 +62,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 run = build(spec)
                 strat = run.strategy
-                state = strat.init_state(0)
-                state, _ = strat.train_step(state, global_batch(run, 0))  # compile
+                history = {"bubble_fraction_measured": []}
                 times = []
-                for t in range(1, args.steps + 1):
-                    t0 = time.perf_counter()
-                    state, _ = strat.train_step(state, global_batch(run, t))
-                    times.append(time.perf_counter() - t0)
-                s = strat.summary()
+                state = strat.init_state(0)
+                for out in trajectory(run, state, 0, args.steps + 1, per_step=True):
+                    state, metrics = out.state, out.metrics
+                    history["bubble_fraction_measured"].append(metrics["bubble_fraction_measured"])
+                    history["peak_activation_bytes_per_stage"] = metrics[
+                        "peak_activation_bytes_per_stage"
+                    ]
+                    if out.done > 1:  # the first step compiles
+                        times.append(out.seconds)
+                s = strat.summary(history)
                 row = {
                     "schedule": sched,
                     "stages": p,
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                     "chunks": v,
                     "bubble_analytic": s["bubble_fraction_analytic"],
                     "bubble_closed_form": analytic_bubble(sched, p, m, v),
-                    "bubble_measured": statistics.median(strat.measured[1:]),
+                    "bubble_measured": s["bubble_fraction_measured"],
                     "step_time_median_s": statistics.median(times),
                     "peak_stash_per_stage": s["peak_stash_per_stage"],
                     "peak_activation_bytes_per_stage": s["peak_activation_bytes_per_stage"],
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if (p, m, sched) == (4, 8, "1f1b"):
                     gantt(
-                        strat.timeline(),
+                        metrics["timeline"],
                         p,
                         out / "gantt_P4_M8_1f1b.png",
                         "1f1b, 4 stages, 8 microbatches (executed)",

@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import numpy as np
 
-    from refdl.loop import build, global_batch
-    from refdl.spec import RunSpec
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+    from refdl.run.trajectory import trajectory
 
     runs = []
     for model in args.models.split(","):
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             run = build(spec)
             state = run.strategy.init_state(0)
             t0 = time.perf_counter()
-            state, m = run.strategy.train_step(state, global_batch(run, 0))  # compile
+            state, m = run.strategy.train_step(state, run.batch(0))  # compile
             float(np.mean(m["loss"]))
             runs.append(
                 {
@@ -81,13 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for entry in runs:
             run = entry["run"]
-            for _ in range(args.steps):
-                batch = global_batch(run, entry["step"])
-                t0 = time.perf_counter()
-                entry["state"], m = run.strategy.train_step(entry["state"], batch)
-                float(np.mean(m["loss"]))
-                entry["times"].append(time.perf_counter() - t0)
-                entry["step"] += 1
+            first = entry["step"]
+            for out in trajectory(run, entry["state"], first, first + args.steps, per_step=True):
+                entry["state"] = out.state
+                entry["times"].append(out.seconds)
+            entry["step"] = first + args.steps
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     results = []

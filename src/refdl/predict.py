@@ -25,6 +25,16 @@ import json
 import sys
 from typing import Any, NoReturn
 
+from refdl import hw
+from refdl.bench import plots
+from refdl.errors import UsageError
+from refdl.models import MODELS
+from refdl.perf import PredictOptions
+from refdl.perf.collectives import bandwidths, collective_time
+from refdl.perf.costs import COSTS
+from refdl.perf.model_cost import model_cost
+from refdl.perf.zoo import SHAPE_MODELS
+
 PROG = "refdl.predict"
 
 
@@ -47,14 +57,8 @@ def predict_steps(
     opts: Any = None,
 ) -> list[dict[str, Any]]:
     """The prediction rows for each worker count (see the module docstring)."""
-    from refdl import hw
-    from refdl.errors import UsageError
-    from refdl.perf import PredictOptions
-    from refdl.perf.shapes import model_cost
-    from refdl.strategies import STRATEGIES
-
     profile = hw.load(hw_name)
-    cls = STRATEGIES.get(strategy)
+    formula = COSTS.get(strategy)
     if scaling not in ("strong", "weak"):
         raise UsageError(f"--scaling {scaling!r}: choose strong or weak")
     if batch_size <= 0 or any(w <= 0 for w in workers):
@@ -68,9 +72,9 @@ def predict_steps(
         if (strategy == "ps" and w == 1) or (
             strategy != "single" and w == 1 and strategy != "pipeline"
         ):
-            c = STRATEGIES.get("single").predict_cost(m, profile, batch, 1, opts)
+            c = COSTS.get("single")(m, profile, batch, 1, opts)
         else:
-            c = cls.predict_cost(m, profile, batch, w, opts)
+            c = formula(m, profile, batch, w, opts)
         throughput = batch / c.step_time_s
         if base is None:
             base = (w, throughput)
@@ -126,9 +130,6 @@ def _step_parser() -> argparse.ArgumentParser:
 
 def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
-    from refdl.errors import UsageError
-    from refdl.perf import PredictOptions
-
     try:
         workers = _ints(args.workers)
         if not 0 <= args.overlap <= 1:
@@ -155,7 +156,7 @@ def _step_main(argv: list[str]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.plot:
-        plot_scaling(rows, args.plot)
+        plots.scaling(rows, args.plot)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -177,34 +178,7 @@ def _step_main(argv: list[str]) -> int:
     return 0
 
 
-def plot_scaling(rows: list[dict[str, Any]], path: str) -> None:
-    """Speed-up and efficiency against P, with the ideal line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ps = [r["workers"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    a.loglog(ps, [r["speedup"] for r in rows], "o-", label="predicted")
-    a.loglog(ps, ps, "k--", lw=0.8, label="ideal")
-    a.set_xlabel("workers")
-    a.set_ylabel("speed-up")
-    a.legend()
-    b.semilogx(ps, [r["efficiency"] for r in rows], "o-")
-    b.set_ylim(0, 1.05)
-    b.set_xlabel("workers")
-    b.set_ylabel("efficiency")
-    r0 = rows[0]
-    fig.suptitle(f"{r0['model']} / {r0['strategy']} on {r0['hw']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _ints(text: str) -> list[int]:
-    from refdl.errors import UsageError
-
     try:
         out = [int(w) for w in str(text).split(",") if w.strip()]
     except ValueError:
@@ -214,17 +188,20 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+SUBCOMMANDS = ("step", "collective", "profiles", "models")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``refdl predict [step] ...`` (the default), ``collective``, ``profiles`` or ``models``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "models":
-        from refdl.models import MODELS
-        from refdl.perf.shapes import SHAPE_MODELS
-
         for name in SHAPE_MODELS.names():
             print(f"{name:16s} {SHAPE_MODELS.get(name).doc} (shape-only)")
         for name in MODELS.names():
             print(f"{name:16s} {MODELS.get(name).doc} (refdl model, default data set)")
         return 0
+    if argv and argv[0] == "step":
+        return _step_main(argv[1:])
     if not argv or argv[0] not in ("collective", "profiles", "-h", "--help"):
         return _step_main(argv)
     p = _Parser(
@@ -233,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub.add_parser(
+        "step",
+        help="(the default: the sub-command may be left out) step time, throughput, speed-up "
+        "and memory of a strategy on a profile; see step --help",
+    )
     c = sub.add_parser("collective", help="time, algbw and busbw of one collective")
     c.add_argument("--op", default="allreduce")
     c.add_argument("--algo", default="ring")
@@ -241,12 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--bytes", type=float, required=True)
     c.add_argument("--json", action="store_true")
     sub.add_parser("profiles", help="list the shipped hardware profiles")
+    sub.add_parser("models", help="list the models: shape-only paper models and refdl's")
     args = p.parse_args(argv)
-
-    from refdl import hw
-    from refdl.errors import UsageError
-    from refdl.perf.collectives import bandwidths, collective_time
-
     try:
         if args.cmd == "profiles":
             for name in hw.names():

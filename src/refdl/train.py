@@ -2,25 +2,40 @@
 
 Examples (from the repository root, after ``bash scripts/setup.sh``)::
 
+    .venv/bin/python -m refdl.train --strategy hybrid     # the main job: data x model x pipe
     .venv/bin/python -m refdl.train                       # lenet5 on digits, strategy single
     .venv/bin/python -m refdl.train --model lstm_lm --dataset pytext --steps 400
-    .venv/bin/python -m refdl.train --steps 300 --out runs/a
+    .venv/bin/python -m refdl.train --strategy data --devices 4 --out runs/a
     .venv/bin/python -m refdl.train --resume runs/a --steps 600
     .venv/bin/python -m refdl.train --list
 
+``--strategy hybrid`` with neither ``--devices`` nor ``--mesh`` simulates 8 devices
+on a CPU host as ``data=2,model=2,pipe=2``, and on accelerators takes every visible
+device and factors them (``MeshSpec.factor``), printing the mesh it chose.
+``--resume DIR`` continues a run as it was started (devices, mesh, every option);
+flags given again must agree, except how long and how loudly it runs.
+
 Exit status: 0 done; 2 bad input (one line on stderr says what to change);
-1 the loss became NaN/Inf (the last good checkpoint is kept); 130 interrupted
-(a checkpoint of the last completed step was written first).
+1 the loss became NaN/Inf or a file could not be written (the last good checkpoint
+is kept); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint of the last
+completed step was written first).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
+from refdl.config.choices import PIPELINE_SCHEDULES
+from refdl.errors import DivergedError, Interrupted, UsageError
+from refdl.parallel import processes
+
 PROG = "refdl.train"
+MAIN_JOB_MESH = "data=2,model=2,pipe=2"  # the main job on a CPU host: 8 simulated devices
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--devices",
         type=int,
-        help="devices to use; on a CPU host, the number simulated (default 1)",
+        help="devices to use; on a CPU host, the number simulated (default 1; hybrid: 8 on a "
+        "CPU host, every device on accelerators)",
     )
     g.add_argument(
         "--mesh",
@@ -93,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--stages", type=int, help="pipeline: stages, one per device (default --devices)"
     )
-    g.add_argument("--schedule", help="pipeline: gpipe, 1f1b (default) or interleaved")
+    g.add_argument("--schedule", help=f"pipeline: {', '.join(PIPELINE_SCHEDULES)} (default 1f1b)")
     g.add_argument(
         "--chunks", type=int, help="pipeline: model chunks per device for interleaved (default 1)"
     )
@@ -137,22 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default 100)")
     g.add_argument("--keep-checkpoints", type=int, help="checkpoints kept (default 3)")
     g.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bar")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an --out folder that holds another run (never needed for --resume)",
+    )
     return p
 
 
-def configure_devices(n: int | None) -> None:
-    """Simulate ``n`` CPU devices; must run before JAX is imported to take effect."""
-    if not n or n <= 1 or "jax" in sys.modules:
-        return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-
-
-def spec_from_args(args: argparse.Namespace):
-    """The RunSpec: defaults, then (with --resume) the checkpoint's spec, then explicit flags."""
-    from refdl.errors import UsageError
-    from refdl.spec import RunSpec, parse_pairs
+def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags the user gave, as RunSpec fields (parsed, not yet checked)."""
+    from refdl.config.spec import parse_pairs
 
     explicit: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "list"}
     for key, flag in (("model_opts", "--model-opt"), ("data_opts", "--data-opt")):
@@ -167,18 +178,93 @@ def spec_from_args(args: argparse.Namespace):
             raise UsageError(
                 f"--stage-boundaries {explicit['stage_boundaries']!r}: give layer indices like 2,5"
             ) from None
-    base: dict[str, Any] = {}
-    if "resume" in explicit:
-        from refdl import checkpoint
-        from refdl.loop import check_resume_compatible
+    return explicit
 
-        path = checkpoint.resolve(explicit["resume"])
-        saved = checkpoint.read_meta(path)["spec"]
-        check_resume_compatible(saved, explicit)
-        base = {k: v for k, v in saved.items() if k not in ("resume", "out")}
-        if "out" not in explicit:
-            explicit["out"] = str(path.parent.parent)
-    return RunSpec.from_dict({**base, **explicit})
+
+def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
+    """With ``--resume``: the run's own settings, then the flags given again (which must
+    agree on everything but how long and how loudly the run goes)."""
+    from refdl.config.spec import differing, flag
+    from refdl.run import checkpoint
+
+    path = checkpoint.resolve(explicit["resume"])
+    saved = checkpoint.read_meta(path).get("spec")
+    if not isinstance(saved, dict):
+        raise UsageError(f"--resume {path}: the checkpoint records no run settings")
+    if processes.under_mpi() and "devices" not in explicit:
+        explicit = {**explicit, "devices": processes.launched_size()}
+    diff = differing(saved, explicit)
+    if diff:
+        parts = ", ".join(f"{flag(k)} {explicit[k]!r} (the run has {saved[k]!r})" for k in diff)
+        raise UsageError(
+            f"--resume {explicit['resume']}: {parts}; drop these flags to continue the run as "
+            "it was started, or start a new run without --resume"
+        )
+    base = {k: v for k, v in saved.items() if k not in ("resume", "out", "overwrite")}
+    if "out" not in explicit:
+        explicit = {**explicit, "out": str(path.parent.parent)}
+    return {**base, **explicit}
+
+
+def choose_devices(settings: dict[str, Any]) -> dict[str, Any]:
+    """Decide the device count before JAX starts its backend: the ranks under mpirun; the
+    main job's 8 simulated devices (or every accelerator) for a bare ``--strategy hybrid``;
+    the product of a ``--mesh`` given without ``--devices``; else ``--devices``."""
+    if processes.under_mpi():  # one device per rank; the ranks are the devices
+        processes.one_device_per_rank()
+        return {"devices": processes.launched_size(), **settings}
+    if "devices" not in settings and settings.get("mesh"):
+        degrees = [p.partition("=")[2].strip() for p in str(settings["mesh"]).split(",")]
+        if all(d.isdigit() for d in degrees):
+            settings = {**settings, "devices": math.prod(int(d) for d in degrees)}
+    if settings.get("strategy") == "hybrid" and "devices" not in settings:
+        processes.simulate_devices(8)  # takes effect on a CPU host only
+        import jax
+
+        n = jax.device_count()
+        if jax.default_backend() == "cpu":
+            mesh = MAIN_JOB_MESH if n >= 8 else None
+            where = f"{min(n, 8)} simulated CPU devices"
+        else:
+            from refdl.config.mesh import MeshSpec
+
+            mesh, where = MeshSpec.factor(n).text(), f"{n} {jax.default_backend()} devices"
+        n = min(n, 8) if jax.default_backend() == "cpu" else n
+        if mesh:
+            print(f"{PROG}: hybrid on {where}, mesh {mesh.replace(',', ' x ')}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return {**settings, "devices": n, "mesh": mesh}
+        return {**settings, "devices": n}
+    processes.simulate_devices(settings.get("devices"))
+    return settings
+
+
+def check_plot_path(path: str | None) -> None:
+    """``--plot-schedule``'s file must be writable before the run starts, not after."""
+    if path is None:
+        return
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise UsageError(f"--plot-schedule {path}: give a .png, .pdf or .svg file")
+    if p.is_dir() or (folder.exists() and not os.access(folder, os.W_OK)):
+        raise UsageError(f"--plot-schedule {path}: cannot write there")
+
+
+def plot_schedule(summary: dict[str, Any], path: str) -> str | None:
+    """Draw the last executed step's timeline (``timeline.json`` of the run) as a Gantt
+    chart; returns the file, or None when the run recorded no pipeline timeline."""
+    import json
+
+    from refdl.bench.plots import gantt
+
+    record = Path(summary["run_dir"]) / "timeline.json"
+    if not record.is_file():
+        return None
+    data = json.loads(record.read_text())
+    title = (f"{summary.get('schedule')}, {summary.get('stages')} stages, "
+             f"{summary.get('microbatches')} mb")  # fmt: skip
+    return str(gantt(data["timeline"], data["stages"], path, title))
 
 
 def print_list() -> None:
@@ -190,12 +276,12 @@ def print_list() -> None:
     print("models:")
     for name in MODELS.names():
         m = MODELS.get(name)
-        opts = ", ".join(f"{k}={v}" for k, v in m.options.items())
+        opts = ", ".join(f"{k}={v}" for k, v in m.defaults_of_options().items())
         print(f"  {name:12s} {m.doc} [{m.data_kind}] options: {opts}")
     print("data sets:")
     for name in DATASETS.names():
         d = DATASETS.get(name)
-        opts = ", ".join(f"{k}={v}" for k, v in d.options.items()) or "none"
+        opts = ", ".join(f"{k}={v}" for k, v in d.defaults_of_options().items()) or "none"
         print(
             f"  {name:14s} {d.doc}{' (needs --data-dir)' if d.needs_dir else ''}; options: {opts}"
         )
@@ -207,35 +293,36 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "list", False):
         print_list()
         return 0
-    from refdl import dist
-
-    if dist.under_mpi():  # one device per rank; the ranks are the devices
-        dist.one_device_per_rank()
-        if not hasattr(args, "devices"):
-            args.devices = dist.launched_size()
-    else:
-        configure_devices(getattr(args, "devices", None))
-    from refdl.errors import DivergedError, UsageError
-
     try:
-        from refdl.loop import fit
+        settings = explicit_settings(args)
+        if "resume" in settings:
+            settings = resumed_settings(settings)
+        settings = choose_devices(settings)
+        check_plot_path(settings.get("plot_schedule"))
+        from refdl.config.spec import RunSpec
+        from refdl.run.loop import fit
 
-        spec = spec_from_args(args)
-        summary = fit(spec)
+        summary = fit(RunSpec.from_dict(settings, "the flags"))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        dist.settle_before_exit()  # every rank prints its line before the launcher ends the job
+        processes.settle_before_exit()  # every rank prints its line before the launcher ends
         return 2
     except DivergedError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(
-            f"{PROG}: interrupted; continue from the last checkpoint with --resume", file=sys.stderr
-        )
-        return 130
+    except Interrupted as e:
+        where = f"; continue from {e.checkpoint} with --resume" if e.checkpoint else ""
+        print(f"{PROG}: interrupted{where}", file=sys.stderr)
+        return 128 + e.signum
     if not summary:  # a rank other than 0 under mpirun: rank 0 reports
         return 0
+    if settings.get("plot_schedule"):
+        drawn = plot_schedule(summary, settings["plot_schedule"])
+        if drawn:
+            from refdl.run.report import write_json
+
+            summary["schedule_plot"] = drawn
+            write_json(Path(summary["run_dir"]) / "summary.json", summary)
     keys = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
     shown = ", ".join(f"{k} {summary[k]:.4g}" for k in keys if summary.get(k) is not None)
     print(

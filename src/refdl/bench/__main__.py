@@ -16,20 +16,18 @@ import argparse
 import json
 import sys
 
+from refdl.bench import compare, op_profile, predict_vs_measure, recipes
+from refdl.errors import UsageError
+
 COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare")
 
 
 def _simulated_devices() -> None:
-    from refdl.bench import predict_vs_measure
-
-    predict_vs_measure.configure()  # before JAX starts
+    predict_vs_measure.configure()  # before JAX starts its backend
 
 
 def run_main(argv: list[str]) -> int:
     """``bench run``: one or more recipes; exit 1 when any metric misses its bounds."""
-    from refdl.bench import recipes
-    from refdl.errors import UsageError
-
     ap = argparse.ArgumentParser(prog="python -m refdl.bench run")
     ap.add_argument("recipes", nargs="+", help="recipe TOML files")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -61,6 +59,10 @@ def run_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip() + "\n\ncommands: " + ", ".join(COMMANDS)
+              + " (COMMAND --help shows its options)")  # fmt: skip
+        return 0
     if not argv or argv[0] not in COMMANDS:
         print(
             f"refdl.bench: error: give a command: {', '.join(COMMANDS)} (see --help)",
@@ -68,20 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if argv[0] == "predict-vs-measure":
-        from refdl.bench import predict_vs_measure
-
         _simulated_devices()
         return predict_vs_measure.main(argv[1:])
     if argv[0] == "op-profile":
-        from refdl.bench import op_profile
-
         _simulated_devices()  # as predict-vs-measure and the calibration run
         return op_profile.main(argv[1:])
     if argv[0] == "run":
         return run_main(argv[1:])
     _simulated_devices()
-    from refdl.bench import compare
-
     return compare.main(argv[1:])
 
 

@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+import jax
+
+from refdl.adapters import torch as adapter
+from refdl.bench import plots
+from refdl.config.spec import RunSpec
+from refdl.errors import UsageError
+from refdl.run.build import build
+from refdl.run.trajectory import run_steps
 
 FRAMEWORKS = ("refdl", "torch")
 
@@ -25,41 +35,32 @@ FRAMEWORKS = ("refdl", "torch")
 def refdl_step_times(
     model: str, strategy: str, devices: int, steps: int, batch: int
 ) -> list[float]:
-    """Step times of refdl's ``strategy`` on ``devices`` simulated devices."""
-    from refdl.bench.predict_vs_measure import step_times
-    from refdl.loop import build
-    from refdl.spec import RunSpec
-
-    run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
-                        batch_size=batch, progress=False))  # fmt: skip
-    return step_times(run, run.strategy.init_state(0), 0, steps)[1]
+    """Step times of refdl's ``strategy`` on ``devices`` simulated devices (the trajectory,
+    each step timed as the training loop's benchmarks time it)."""
+    spec = RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
+                   batch_size=batch, progress=False)  # fmt: skip
+    return run_steps(spec, steps).seconds
 
 
 def torch_step_times(
     model: str, strategy: str, devices: int, steps: int, batch: int
 ) -> list[float]:
     """Step times of the same training in PyTorch (``refdl.adapters.torch``)."""
-    import jax
-
-    from refdl.adapters import torch as adapter
-    from refdl.loop import build, global_batch
-    from refdl.spec import RunSpec
-
     run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
                         batch_size=batch, progress=False))  # fmt: skip
     s = run.spec
     plan = adapter.TrainPlan(
         model=adapter.ModelPlan.of(run.task.model, run.task.sample_x),
         params=adapter.flatten(jax.device_get(run.task.init_state(s.seed).params)),
-        batches=tuple(global_batch(run, t) for t in range(steps)),
-        lrs=tuple(float(run.schedule(t)) for t in range(steps)),
+        batches=tuple(run.batch(t) for t in range(steps)),
+        lrs=tuple(run.lr(t) for t in range(steps)),
         optimizer=s.optimizer,
         momentum=s.momentum,
         weight_decay=s.weight_decay,
         loss=s.loss,
     )
     if strategy == "pipeline":
-        return adapter.train_pipeline(plan, run.strategy.boundaries, s.microbatches,
+        return adapter.train_pipeline(plan, list(run.plan.cuts), s.microbatches,
                                       s.schedule).step_times  # fmt: skip
     if strategy == "single":
         return adapter.train_single(plan).step_times
@@ -88,8 +89,6 @@ def compare(
         if set(FRAMEWORKS) <= set(frameworks):
             row["refdl_vs_torch"] = row["refdl_samples_per_s"] / row["torch_samples_per_s"]
         rows.append(row)
-    import os
-
     return {
         "model": model,
         "strategy": strategy,
@@ -102,32 +101,7 @@ def compare(
     }
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    """samples/s against devices, one line per framework."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    devices = [r["devices"] for r in result["rows"]]
-    for f in FRAMEWORKS:
-        key = f"{f}_samples_per_s"
-        if key in result["rows"][0]:
-            ax.plot(devices, [r[key] for r in result["rows"]], marker="o", label=f)
-    ax.set_xlabel("devices / processes")
-    ax.set_ylabel("samples/s")
-    ax.set_xticks(devices)
-    ax.set_title(f"{result['model']} {result['strategy']}, batch {result['global_batch']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
-    from refdl.errors import UsageError
-
     ap = argparse.ArgumentParser(prog="python -m refdl.bench compare",
                                  description=__doc__.split("\n")[0])  # fmt: skip
     ap.add_argument("--frameworks", default="refdl,torch")
@@ -159,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup >= args.steps:
             raise UsageError("--warmup must be smaller than --steps")
         if "torch" in frameworks:
-            from refdl.adapters import torch as adapter
-
             adapter.require()
         result = compare(frameworks, args.model, args.strategy, devices, args.steps,
                          args.warmup, args.rounds, args.batch_size)  # fmt: skip
@@ -182,6 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         stem = f"compare_{args.model}_{args.strategy}"
         (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-        plot(result, out / f"{stem}.png")
+        plots.throughput(result, FRAMEWORKS, out / f"{stem}.png")
         print(f"wrote {out / stem}.json and .png", file=sys.stderr)
     return 0

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from refdl.core.compare import deep500_errors, norm_difference
+
+__all__ = ["METRICS", "deep500_errors", "from_run", "norm_difference", "read_run", "speedup"]
 
 # name -> (what it is, unit); the keys recipes use in [acceptable]
 METRICS: dict[str, tuple[str, str]] = {
@@ -30,23 +32,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "Speedup": ("throughput_n / throughput_1 (Jäger et al.)", "x"),
     "ScalingEfficiency": ("speedup / n", "fraction"),
 }
-
-
-def norm_difference(reference: np.ndarray, other: np.ndarray, order: float) -> float:
-    """Deep500's ``NormDifference(ord)``: ``||reference - other||_ord`` of the flattened
-    tensors (deep500/metrics/test_metrics.py)."""
-    d = (np.asarray(reference, np.float64) - np.asarray(other, np.float64)).ravel()
-    return float(np.linalg.norm(d, order)) if d.size else 0.0
-
-
-def deep500_errors(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
-    """``NormDifference`` (ord 1, Deep500's L1Error), ``L2Error`` (ord 2) and
-    ``MaxError`` (ord inf) between two runs' tensors."""
-    return {
-        "NormDifference": norm_difference(reference, other, 1),
-        "L2Error": norm_difference(reference, other, 2),
-        "MaxError": norm_difference(reference, other, np.inf),
-    }
 
 
 def speedup(throughputs: dict[int, float]) -> dict[int, dict[str, float]]:

@@ -27,6 +27,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from refdl import hw
+from refdl.bench.predict_vs_measure import WARMUP, step_times
+from refdl.config.spec import RunSpec
+from refdl.errors import UsageError
+from refdl.hw.calibrate.in_step import traced_ops
+from refdl.perf import compute_time
+from refdl.perf.costs import host_work
+from refdl.perf.model_cost import model_cost
+from refdl.perf.ops import InStep, OpWork, op_time, parse_hlo
+from refdl.run.build import build
+
 
 def library_ops(hlo_text: str) -> set[str]:
     """Names of the entry operations XLA:CPU runs through a kernel library (fusions whose
@@ -41,23 +52,12 @@ def library_ops(hlo_text: str) -> set[str]:
 def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) -> dict[str, Any]:
     """Measured and predicted time of each operation of ``model``'s single-device step,
     grouped by kind; the step's wall time, its measured operations and the gap."""
-    from refdl import hw
-    from refdl.bench.predict_vs_measure import WARMUP, step_times
-    from refdl.calibrate import traced_ops
-    from refdl.errors import UsageError
-    from refdl.loop import build, global_batch
-    from refdl.perf import compute_time
-    from refdl.perf.costs import _host
-    from refdl.perf.ops import InStep, OpWork, op_time, parse_hlo
-    from refdl.perf.shapes import model_cost
-    from refdl.spec import RunSpec
-
     if steps < 1:
         raise UsageError(f"--steps {steps}: give at least 1 step to profile")
     prof = hw.load(profile)
     run_ = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))
     state = run_.strategy.init_state(0)
-    text = run_.strategy.compiled(state, global_batch(run_, 0)).as_text()
+    text = run_.strategy.compiled(state, run_.batch(0)).as_text()
     ops = parse_hlo(text)
     library = library_ops(text)
     state, _ = step_times(run_, state, 0, WARMUP)
@@ -89,7 +89,7 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
                      "measured_s": measured, "predicted_s": predicted})  # fmt: skip
 
     # the host's share of the predicted step (dispatch, batch transfer), as refdl.predict has it
-    host = compute_time(0.0, 0.0, prof, **_host(model_cost(model), batch))
+    host = compute_time(0.0, 0.0, prof, **host_work(model_cost(model), batch))
     wall = statistics.median(walls)
     ops_s = sum(g["measured_s"] for g in groups.values())
     return {
@@ -137,8 +137,6 @@ def print_table(r: dict[str, Any], top: int = 8) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from refdl.errors import UsageError
-
     ap = argparse.ArgumentParser(
         prog="python -m refdl.bench op-profile", description=__doc__.split("\n")[0]
     )

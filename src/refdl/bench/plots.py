@@ -1,49 +1,84 @@
-"""Plots: the executed pipeline schedule as a Gantt chart."""
+"""Plots written to files: the executed pipeline schedule as a Gantt chart, predicted
+scaling, and side-by-side throughput.
+
+matplotlib's object interface (``Figure``) draws without a display and without
+choosing a global backend, so importing this module changes nothing for a user
+who also plots interactively.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
 
 Timeline = list[tuple[int, str, float, float]]  # (stage, op name, start s, end s)
+OP_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out and write ``fig``; the parent folder is made if missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    return path
 
 
 def gantt(timeline: Timeline, stages: int, path: str | Path, title: str = "") -> Path:
-    """Stages as rows, forward (blue) / backward (orange) bars with microbatch numbers;
-    white is idle. Times in milliseconds from the step's start."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Stages as rows; forward (blue), backward (orange; with a split backward: input
+    gradient B orange, weight gradient W green) bars with microbatch numbers; white is
+    idle. Times in milliseconds from the step's start."""
     end = max((e for _, _, _, e in timeline), default=1.0)
-    fig, ax = plt.subplots(figsize=(max(8, len(timeline) * 0.25), 0.6 * stages + 1.5))
+    fig = Figure(figsize=(max(8, len(timeline) * 0.25), 0.6 * stages + 1.5))
+    ax = fig.subplots()
     for stage, name, start, stop in timeline:
-        color = "tab:blue" if name.startswith("F") else "tab:orange"
-        ax.barh(
-            stage,
-            (stop - start) * 1e3,
-            left=start * 1e3,
-            color=color,
-            edgecolor="black",
-            linewidth=0.5,
-        )
-        ax.text(
-            (start + stop) / 2 * 1e3,
-            stage,
-            name[1:],
-            ha="center",
-            va="center",
-            fontsize=7,
-            color="white",
-        )
+        ax.barh(stage, (stop - start) * 1e3, left=start * 1e3, color=OP_COLORS.get(name[0], "grey"),
+                edgecolor="black", linewidth=0.5)  # fmt: skip
+        ax.text((start + stop) / 2 * 1e3, stage, name[1:], ha="center", va="center",
+                fontsize=7, color="white")  # fmt: skip
     ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
     ax.invert_yaxis()
     ax.set_xlim(0, end * 1e3)
     ax.set_xlabel("time in step (ms)")
-    ax.set_title(title + "  (blue forward, orange backward, white idle)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    kinds = sorted({name[0] for _, name, _, _ in timeline})
+    legend = {"F": "blue forward", "B": "orange backward", "W": "green weight gradient"}
+    ax.set_title(f"{title}  ({', '.join(legend.get(k, k) for k in kinds)}, white idle)")
+    return save(fig, path, dpi=110)
+
+
+def scaling(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Predicted speed-up and efficiency against workers, with the ideal line."""
+    ps = [r["workers"] for r in rows]
+    fig = Figure(figsize=(9, 3.5))
+    a, b = fig.subplots(1, 2)
+    a.loglog(ps, [r["speedup"] for r in rows], "o-", label="predicted")
+    a.loglog(ps, ps, "k--", lw=0.8, label="ideal")
+    a.set_xlabel("workers")
+    a.set_ylabel("speed-up")
+    a.legend()
+    b.semilogx(ps, [r["efficiency"] for r in rows], "o-")
+    b.set_ylim(0, 1.05)
+    b.set_xlabel("workers")
+    b.set_ylabel("efficiency")
+    r0 = rows[0]
+    fig.suptitle(f"{r0['model']} / {r0['strategy']} on {r0['hw']}")
+    return save(fig, path)
+
+
+def throughput(result: dict[str, Any], frameworks: tuple[str, ...], path: str | Path) -> Path:
+    """samples/s against devices, one line per framework (``bench compare``)."""
+    fig = Figure(figsize=(5, 3.5))
+    ax = fig.subplots()
+    devices = [r["devices"] for r in result["rows"]]
+    for f in frameworks:
+        key = f"{f}_samples_per_s"
+        if key in result["rows"][0]:
+            ax.plot(devices, [r[key] for r in result["rows"]], marker="o", label=f)
+    ax.set_xlabel("devices / processes")
+    ax.set_ylabel("samples/s")
+    ax.set_xticks(devices)
+    ax.set_title(f"{result['model']} {result['strategy']}, batch {result['global_batch']}")
+    ax.legend()
+    return save(fig, path)

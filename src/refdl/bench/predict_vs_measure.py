@@ -13,7 +13,7 @@ The speed of a shared machine drifts (on the 2-core VM refdl is developed on, th
 same step's median time moves by up to 2x over minutes), so a profile calibrated
 earlier measures a different machine. ``--calibrate`` measures side by side:
 before each round it re-measures the profile's operation tables
-(``refdl.calibrate.device_tables``: ``[device.ops.*]`` and ``[device.in_step]``)
+(``refdl.hw.calibrate.in_step.device_tables``: ``[device.ops.*]`` and ``[device.in_step]``)
 and the simulated devices' link (``[links.intra]``), and predicts that round with
 them; a row's error is then the median of its
 rounds' errors.
@@ -25,16 +25,27 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+
+from refdl import hw
+from refdl.config.spec import RunSpec
+from refdl.hw.calibrate.in_step import device_tables, generic_steps
+from refdl.hw.calibrate.links import fit_alpha_beta, simulated_devices_allreduce
+from refdl.parallel.processes import mpirun_command, mpirun_env, simulate_devices
+from refdl.perf import PredictOptions
+from refdl.predict import predict_steps
+from refdl.run.build import build
+from refdl.run.trajectory import trajectory
 
 SPMD = (
     ("single", 1, {}),
@@ -49,26 +60,19 @@ MPI = (
 )
 MODELS = ("mlp", "lenet5")
 # Steps run before timing: the first steps after compiling run slower (buffers allocated,
-# pages touched), and ``refdl.calibrate`` times its generic steps after 3 as well.
+# pages touched), and ``refdl.hw.calibrate`` times its generic steps after 3 as well.
 WARMUP = 3
 ACCEPTANCE = ("single", "data", "model", "pipeline")  # the strategies the 20 % aim is about
 
 
 def step_times(run: Any, state: Any, start: int, steps: int) -> tuple[Any, list[float]]:
-    """Steps ``start .. start + steps - 1`` of ``run`` timed as the training loop times them
-    (the host batch is built between steps, untimed; ``device_put``, the step and the wait
-    are timed); the new state and the wall times."""
-    import jax
-
-    from refdl.loop import global_batch
-
+    """Steps ``start .. start + steps - 1`` of ``run`` (the trajectory), each timed alone:
+    the host batch built untimed; ``device_put``, the step and the wait timed. The new
+    state and the wall times."""
     times = []
-    for t in range(start, start + steps):
-        batch = global_batch(run, t)
-        t0 = time.perf_counter()
-        state, metrics = run.strategy.train_step(state, batch)
-        jax.block_until_ready((state, metrics["loss"]))
-        times.append(time.perf_counter() - t0)
+    for out in trajectory(run, state, start, start + steps, per_step=True):
+        state = out.state
+        times.append(out.seconds)
     return state, times
 
 
@@ -76,9 +80,6 @@ def measure_in_process(
     model: str, strategy: str, devices: int, kw: dict, steps: int
 ) -> list[float]:
     """Step times of ``steps`` steps after ``WARMUP`` steps, in this process."""
-    from refdl.loop import build
-    from refdl.spec import RunSpec
-
     run = build(RunSpec(strategy=strategy, model=model, devices=devices, progress=False, **kw))
     state, _ = step_times(run, run.strategy.init_state(0), 0, WARMUP)
     return step_times(run, state, WARMUP, steps)[1]
@@ -86,18 +87,16 @@ def measure_in_process(
 
 def measure_mpi(model: str, strategy: str, ranks: int, steps: int) -> list[float]:
     """Median step time of an ``mpirun`` job (rank 0's summary), as a one-element list."""
-    from refdl import dist
-
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["-m", "refdl.train", "--strategy", strategy, "--model", model,
                 "--steps", str(steps + 3), "--batch-size", "60", "--eval-every", "0",
                 "--checkpoint-every", "0", "--no-progress", "--out", tmp]  # fmt: skip
         proc = subprocess.run(
-            dist.mpirun_command(ranks, argv),
+            mpirun_command(ranks, argv),
             capture_output=True,
             text=True,
             timeout=600,
-            env=dist.mpirun_env(),
+            env=mpirun_env(),
         )
         if proc.returncode != 0:
             raise RuntimeError(f"mpirun {strategy} failed: {proc.stderr[-2000:]}")
@@ -107,9 +106,6 @@ def measure_mpi(model: str, strategy: str, ranks: int, steps: int) -> list[float
 def predict(
     model: str, strategy: str, workers: int, batch: int, kw: dict, profile: str = "local"
 ) -> dict[str, Any]:
-    from refdl.perf import PredictOptions
-    from refdl.predict import predict_steps
-
     opts = PredictOptions(
         microbatches=kw.get("microbatches", 4),
         link="inter" if strategy in ("ps", "decentralized") else None,
@@ -122,15 +118,11 @@ def predict(
 def recalibrated(folder: str, round_: int) -> str:
     """A copy of the ``local`` profile with its operation tables and its ``intra`` link
     (simulated devices) measured now; its path."""
-    import tomllib
-
-    from refdl import calibrate, hw
-
     raw = tomllib.loads(hw.dumps(hw.load("local")))
     dev, when = raw["device"], time.strftime("%Y-%m-%d %H:%M")
     peak, bandwidth = dev["peak_flops"]["float32"], dev["memory_bandwidth"]
-    dev.update(calibrate.device_tables(peak, bandwidth, when))
-    alpha, beta = calibrate.fit_alpha_beta(*calibrate.simulated_devices_allreduce())
+    dev.update(device_tables(peak, bandwidth, when))
+    alpha, beta = fit_alpha_beta(*simulated_devices_allreduce())
     source = f"predict-vs-measure {when}: as refdl.hw calibrate"
     raw["links"]["intra"].update(latency_s=alpha, bandwidth=1.0 / beta, source=source)
     path = Path(folder) / f"local-round{round_}.toml"
@@ -140,7 +132,7 @@ def recalibrated(folder: str, round_: int) -> str:
 
 class SpeedProbe:
     """How fast the machine runs right now: the summed median step time of a few of the
-    calibration's generic training steps (``refdl.calibrate``), timed as the training loop
+    calibration's generic training steps (``refdl.hw.calibrate``), timed as the training loop
     times a step. Probed right after a round's calibration and around each measurement,
     its ratio says how much slower (> 1) the machine ran during the measurement than
     during the calibration."""
@@ -149,12 +141,8 @@ class SpeedProbe:
               "cnn 12x12x4 k3 f8 b64 avg")  # fmt: skip
 
     def __init__(self, steps: int = 8) -> None:
-        import jax
-
-        from refdl import calibrate
-
         self.steps = steps
-        self.generic = [g for g in calibrate._generic_steps() if g.label in self.LABELS]
+        self.generic = [g for g in generic_steps() if g.label in self.LABELS]
         self.states = [jax.device_put(g.state, jax.devices()[0]) for g in self.generic]
         self.rng = np.random.default_rng(0)
         self()  # compile
@@ -174,8 +162,6 @@ def _error(predicted: float, times: list[float]) -> float:
 
 
 def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dict[str, Any]:
-    from refdl import hw
-
     configs = [(m, s, d, kw) for m in MODELS for s, d, kw in SPMD]
     # Per configuration, one record per run of it: its step times, prediction and speed.
     records: dict[tuple, list[dict[str, Any]]] = {}
@@ -300,6 +286,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def configure() -> None:
     """Simulated devices for the in-process configurations (before JAX starts)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+    simulate_devices(8)

@@ -43,6 +43,7 @@ from typing import Any
 
 from refdl.bench.metrics import METRICS, from_run, read_run
 from refdl.errors import UsageError
+from refdl.parallel.processes import mpirun_command, mpirun_env
 
 SECTIONS = ("recipe", "fixed", "mutable", "acceptable", "options")
 OPTIONS = {"target_accuracy": float, "timeout": float}
@@ -174,13 +175,11 @@ def check(recipe: Recipe, metrics: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None = None) -> dict:
     """Run the recipe's training job, compute its metrics, check the acceptable set."""
-    from refdl import dist
-
     settings = recipe.settings(overrides)
     out_dir = out or tempfile.mkdtemp(prefix=f"refdl-recipe-{recipe.name}-")
     argv, ranks = train_argv(settings, out_dir)
     if ranks:
-        cmd, env = dist.mpirun_command(ranks, argv), dist.mpirun_env()
+        cmd, env = mpirun_command(ranks, argv), mpirun_env()
     else:
         cmd, env = [sys.executable, *argv], None
     timeout = recipe.options.get("timeout", 1800.0)

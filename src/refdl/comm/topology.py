@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from refdl.config.choices import TOPOLOGIES
 from refdl.errors import UsageError
-
-TOPOLOGIES = ("ring", "torus", "exp2", "complete")
 
 
 def adjacency(name: str, n: int) -> np.ndarray:

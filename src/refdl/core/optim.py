@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import optax
 
+from refdl.config.choices import LR_SCHEDULES as SCHEDULES
+from refdl.config.choices import OPTIMIZERS
 from refdl.errors import UsageError
-
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
-SCHEDULES = ("constant", "step", "cosine")
 
 
 def make_schedule(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from flax import struct
+from jax.experimental import multihost_utils
 
 PyTree = Any
 
@@ -34,14 +36,11 @@ def to_host(tree: PyTree) -> PyTree:
     process's copy and a sharded one is all-gathered, so every process must call
     this at the same point.
     """
-    import numpy as np
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             if x.is_fully_replicated:
                 return np.asarray(x.addressable_data(0))
-            from jax.experimental import multihost_utils
-
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(jax.device_get(x))
 

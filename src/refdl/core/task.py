@@ -32,6 +32,7 @@ class Task:
     optimizer: optax.GradientTransformation
     sample_x: np.ndarray
     logical_axes: PyTree = None
+    schedule: Any = None  # the learning rate by step (for the logs), when known
 
     def init_state(self, seed: int) -> TrainState:
         """The initial state from ``seed`` (deterministic, on the default device)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refdl.data import load_dataset
+from refdl.data.store import write_zarr
 from refdl.errors import UsageError
 
 
@@ -25,9 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--out", required=True)
     conv.add_argument("--chunk", type=int, default=256)
     args = parser.parse_args(argv)
-    from refdl.data import load_dataset
-    from refdl.data.store import write_zarr
-
     try:
         ds = load_dataset(args.dataset, args.data_dir)
         path = write_zarr(ds, args.out, args.chunk)

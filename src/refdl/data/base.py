@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from refdl.config.values import Option, parse_options
 from refdl.errors import UsageError
 from refdl.registry import Registry
 
@@ -73,35 +74,28 @@ class ArrayDataset(Dataset):
 class DatasetDef:
     """A registered data set: ``load(data_dir, options)`` builds it.
 
-    ``options`` are its knobs with defaults (``--data-opt KEY=VALUE``);
+    ``options`` are its knobs, each an ``Option`` with its default, type and range
+    (``--data-opt KEY=VALUE``, checked before anything is read);
     ``needs_dir`` says whether ``--data-dir`` is required.
     """
 
     name: str
     load: Callable[..., Dataset]
     kind: str
-    options: dict[str, Any]
+    options: dict[str, Option]
     needs_dir: bool = False
     doc: str = ""
+
+    def defaults_of_options(self) -> dict[str, Any]:
+        """Each option's default value."""
+        return {k: o.default for k, o in self.options.items()}
 
     def make(self, data_dir: str | None, overrides: dict[str, str] | None = None) -> Dataset:
         if self.needs_dir and not data_dir:
             raise UsageError(
                 f"data set {self.name!r} reads files: pass --data-dir DIR ({self.doc})"
             )
-        opts = dict(self.options)
-        for key, raw in (overrides or {}).items():
-            if key not in opts:
-                raise UsageError(
-                    f"data set {self.name!r} has no option {key!r}; "
-                    f"its options are: {', '.join(sorted(opts)) or 'none'}"
-                )
-            try:
-                opts[key] = type(opts[key])(raw)
-            except ValueError:
-                raise UsageError(
-                    f"--data-opt {key}={raw!r}: expected a value like {opts[key]!r}"
-                ) from None
+        opts = parse_options(self.options, overrides or {}, f"data set {self.name!r}", "--data-opt")
         if self.needs_dir:
             return self.load(data_dir, **opts)
         return self.load(**opts)

@@ -17,9 +17,11 @@ import gzip
 import importlib.util
 import re
 from pathlib import Path
+from pydoc_data import topics
 
 import numpy as np
 
+from refdl.config.values import Choice, Int, Option
 from refdl.data.base import ArrayDataset, DataInfo, DatasetDef, register, text_dataset
 from refdl.errors import DataError
 
@@ -51,8 +53,6 @@ def load_digits() -> ArrayDataset:
 
 def pydoc_text() -> str:
     """The text of CPython's help topics, topics in sorted order."""
-    from pydoc_data import topics
-
     return "\n".join(topics.topics[k] for k in sorted(topics.topics))
 
 
@@ -82,7 +82,11 @@ register(
         "pytext",
         load_pytext,
         "tokens",
-        {"seq_len": 20, "level": "char", "vocab_size": 5000},
+        {
+            "seq_len": Option(20, Int(1, 1 << 16), "tokens per window"),
+            "level": Option("char", Choice(("char", "word")), "character or word tokens"),
+            "vocab_size": Option(5000, Int(2, 1 << 20), "word level: vocabulary size"),
+        },
         doc="CPython help topics text",
     )
 )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from refdl.config.values import Int, Option
 from refdl.data.base import ArrayDataset, DataInfo, DatasetDef, register, text_dataset
 from refdl.errors import DataError
 
@@ -215,7 +216,7 @@ register(
         "ptb",
         load_ptb,
         "tokens",
-        {"seq_len": 20},
+        {"seq_len": Option(20, Int(1, 1 << 16), "tokens per window")},
         needs_dir=True,
         doc="a folder with ptb.train.txt and ptb.test.txt",
     )

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from refdl.config.values import Choice, Int, Option
 from refdl.data.base import DataInfo, Dataset, DatasetDef, register
 from refdl.errors import UsageError
 
@@ -73,7 +74,12 @@ register(
         "synthetic",
         SyntheticDataset,
         "image",
-        {"shape": "mnist", "size": 50_000, "seq_len": 64, "vocab": 256},
+        {
+            "shape": Option("mnist", Choice((*SHAPES, "tokens")), "input shape"),
+            "size": Option(50_000, Int(1, 10**9), "training examples"),
+            "seq_len": Option(64, Int(1, 1 << 16), "tokens: sequence length"),
+            "vocab": Option(256, Int(2, 1 << 20), "tokens: vocabulary size"),
+        },
         doc="random inputs: --data-opt shape=mnist|cifar|imagenet|tokens",
     )
 )

@@ -16,6 +16,7 @@ Both convolutions use SAME padding so the net also fits 8x8 digits:
 
 from __future__ import annotations
 
+from refdl.config.values import Choice, Ints, Option
 from refdl.core.layers import Conv, Dense, Flatten, Pool, Sequential
 from refdl.models.base import ModelDef, register
 
@@ -46,7 +47,12 @@ LENET5 = register(
         name="lenet5",
         build=build,
         data_kind="image",
-        options={"conv": (8, 16), "fc": (120, 84), "act": "tanh", "pool": "avg"},
+        options={
+            "conv": Option((8, 16), Ints(1, 4096), "feature maps of the 5x5 convolutions"),
+            "fc": Option((120, 84), Ints(1, 1 << 16), "fully connected widths"),
+            "act": Option("tanh", Choice(("tanh", "relu", "sigmoid", "gelu")), "activation"),
+            "pool": Option("avg", Choice(("avg", "max")), "subsampling"),
+        },
         defaults={"optimizer": "momentum", "lr": 0.05, "dataset": "digits"},
         doc="LeNet-5 convolutional network",
     )

@@ -7,6 +7,7 @@ windows, not a continuous stream), and no dropout, as in the "small" setting.
 
 from __future__ import annotations
 
+from refdl.config.values import Int, Option
 from refdl.core.layers import LSTM, Dense, Embed, Sequential
 from refdl.models.base import ModelDef, register
 
@@ -24,7 +25,10 @@ LSTM_LM = register(
         name="lstm_lm",
         build=build,
         data_kind="tokens",
-        options={"hidden": 200, "layers": 2},
+        options={
+            "hidden": Option(200, Int(1, 1 << 16), "units per LSTM layer"),
+            "layers": Option(2, Int(1, 64), "LSTM layers"),
+        },
         defaults={"optimizer": "adam", "lr": 0.003, "dataset": "pytext"},
         doc="LSTM language model (Zaremba et al., 2x200)",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from refdl.config.values import Ints, Option
 from refdl.core.layers import Dense, Flatten, Sequential
 from refdl.models.base import ModelDef, register
 
@@ -24,7 +25,7 @@ MLP = register(
         name="mlp",
         build=build,
         data_kind="image",
-        options={"hidden": (256, 256)},
+        options={"hidden": Option((256, 256), Ints(1, 1 << 16), "hidden layer widths")},
         defaults={"optimizer": "momentum", "lr": 0.05, "dataset": "digits"},
         doc="fully connected network (FCN)",
     )

@@ -6,6 +6,7 @@ Depth 20/32/44/56 gives n = 3/5/7/9 basic blocks per stage; option-A shortcuts
 
 from __future__ import annotations
 
+from refdl.config.values import Int, Option
 from refdl.core.layers import (
     ConvBN,
     Dense,
@@ -37,7 +38,10 @@ RESNET = register(
         name="resnet",
         build=build,
         data_kind="image",
-        options={"depth": 20, "width": 16},
+        options={
+            "depth": Option(20, Int(8, 1000), "layers, 6n+2"),
+            "width": Option(16, Int(1, 4096), "channels of the first stage"),
+        },
         defaults={"optimizer": "momentum", "lr": 0.05, "dataset": "digits"},
         doc="CIFAR ResNet (depth 20/32/44/56)",
     )

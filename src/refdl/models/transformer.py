@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from refdl.config.values import Int, Option
 from refdl.core.layers import (
     Dense,
     Embed,
@@ -31,7 +32,12 @@ TRANSFORMER = register(
         name="transformer",
         build=build,
         data_kind="tokens",
-        options={"d_model": 128, "heads": 4, "layers": 2, "mlp_dim": 512},
+        options={
+            "d_model": Option(128, Int(1, 1 << 16), "model width"),
+            "heads": Option(4, Int(1, 1024), "attention heads (divide d_model)"),
+            "layers": Option(2, Int(1, 256), "decoder blocks"),
+            "mlp_dim": Option(512, Int(1, 1 << 18), "MLP width"),
+        },
         defaults={"optimizer": "adam", "lr": 0.003, "dataset": "pytext"},
         doc="small decoder-only Transformer LM",
     )

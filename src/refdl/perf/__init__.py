@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from refdl.perf.ops import op_time
+
 
 class Hardware(Protocol):
     """The figures of a device the cost model needs (a hardware profile provides them)."""
@@ -81,8 +83,6 @@ def compute_time(
     (``dispatch``: ``calls x t0 + leaves / r``, leaves the argument leaves over all calls;
     else ``calls x dispatch_s``) plus ``transfer = (arrays, bytes)`` put on the device
     (``arrays x t0 + bytes / r``). Overheads a profile does not give are 0."""
-    from refdl.perf.ops import op_time
-
     dev = getattr(hw, "device", None)
     rates = getattr(dev, "ops", {}) or {}
     share = sharing if getattr(dev, "shared_cores", False) else 1

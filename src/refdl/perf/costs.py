@@ -1,8 +1,9 @@
 """Step-cost formulas of each strategy, from a model's cost and a hardware profile.
 
-Each strategy class exposes its formula as ``Strategy.predict_cost`` (so a new
-strategy brings its own); the formulas live here side by side so they can be
-read and compared. Conventions: ``batch`` is the global batch of one step,
+The formulas live here side by side so they can be read and compared, looked up
+by strategy name in ``COSTS`` (a strategy written elsewhere registers its own
+with ``@COSTS.register(name)``); the strategy modules themselves know nothing
+of the performance model. Conventions: ``batch`` is the global batch of one step,
 ``workers`` the devices (ranks) it runs on; compute is, for the work one device
 does (``refdl.perf.compute_time``), the sum of Hockney's ``t0 + n / r_inf`` over
 the compiled step's operations where the profile gives operation rates and the
@@ -17,9 +18,13 @@ optimizer words, plus the activations kept for the backward pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from refdl.comm.topology import adjacency
+from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
-from refdl.mesh import MeshSpec
+from refdl.parallel.schedule import analytic_bubble
 from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
 from refdl.perf.collectives import (
     ALLREDUCE,
@@ -28,8 +33,11 @@ from refdl.perf.collectives import (
     neighbour_exchange,
     ps_push_pull,
 )
-from refdl.perf.shapes import ModelCost
-from refdl.pipeline.schedule import analytic_bubble
+from refdl.perf.model_cost import ModelCost
+from refdl.registry import Registry
+
+CostFormula = Callable[[ModelCost, Any, int, int, PredictOptions], CostBreakdown]
+COSTS: Registry[CostFormula] = Registry("cost model of strategy")
 
 ALLREDUCE_ALIASES = {"xla": "ring", "halving-doubling": "rabenseifner"}
 
@@ -43,7 +51,7 @@ def _link(hw, workers: int, opts: PredictOptions):
     return hw.link(workers).alpha_beta()
 
 
-def _host(m: ModelCost, batch: float, buffers: int = 1) -> dict:
+def host_work(m: ModelCost, batch: float, buffers: int = 1) -> dict:
     """Host work of one step call: the state's and the batch's argument leaves (each of
     ``buffers`` device buffers, one per device it is split over) and the batch put on the
     devices (``compute_time``'s ``leaves`` and ``transfer``)."""
@@ -70,22 +78,24 @@ def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> floa
     return (2 + opts.optimizer_words) * m.param_bytes / shard
 
 
+@COSTS.register("single")
 def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """The whole step on one device: compute (operations or roofline), no communication."""
     if workers != 1:
         raise UsageError("--strategy single runs on 1 worker; use --workers 1")
     t = compute_time(
-        m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **_host(m, batch)
+        m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **host_work(m, batch)
     )
     mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
     return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
 
 
+@COSTS.register("data")
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
-                     work=m.op_work(b), **_host(m, batch, workers))  # fmt: skip
+                     work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
@@ -101,12 +111,13 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     )
 
 
+@COSTS.register("model")
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
     split leaves (``_tp_comm``)."""
     t = compute_time(
         m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers,
-        work=m.op_work(batch).scaled(share=1 / workers), **_host(m, batch, workers),
+        work=m.op_work(batch).scaled(share=1 / workers), **host_work(m, batch, workers),
     )  # fmt: skip
     comm = _tp_comm(m, batch, workers, _link(hw, workers, opts))
     mem = _state_bytes(m, opts, workers) + batch * m.activation_bytes_per_sample
@@ -116,6 +127,7 @@ def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     )  # fmt: skip
 
 
+@COSTS.register("pipeline")
 def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """P balanced stages, M microbatches: each stage computes 1/P of the step; the bubble
     is the schedule table's idle share ``f`` (``bubble_s = compute * f / (1 - f)``); two
@@ -156,6 +168,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     )
 
 
+@COSTS.register("hybrid")
 def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
     allreduce of each replica's 1/(model x pipe) share of the gradients."""
@@ -169,7 +182,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         ops=m.ops,
         sharing=workers,
         work=m.op_work(b).scaled(share=1 / (tp * pp)),
-        **_host(m, batch, workers),
+        **host_work(m, batch, workers),
         concurrent=pp == 1,  # with pipeline stages, the host executor runs them in turn
     )
     link_tp = _link(hw, tp, opts)
@@ -189,6 +202,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     )
 
 
+@COSTS.register("ps")
 def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """W workers compute B/W each; push gradients and pull parameters through K servers.
     Sync: compute, then push/pull (each server's link carries W/K of the traffic). Async
@@ -197,7 +211,7 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     k = opts.servers
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k,
-                     work=m.op_work(b), **_host(m, b))  # fmt: skip
+                     work=m.op_work(b), **host_work(m, b))  # fmt: skip
     link = _link(hw, workers + k, opts)
     sync = ps_push_pull(m.param_bytes, workers, link, k)
     if opts.ps_mode == "sync":
@@ -215,6 +229,7 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     )
 
 
+@COSTS.register("decentralized")
 def decentralized(
     m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions
 ) -> CostBreakdown:
@@ -222,7 +237,7 @@ def decentralized(
     its one link (serialised: ``d (alpha + n beta)``, d the mean degree)."""
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
-                     work=m.op_work(b), **_host(m, b))  # fmt: skip
+                     work=m.op_work(b), **host_work(m, b))  # fmt: skip
     degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
     link = _link(hw, workers, opts)
     comm = degree * neighbour_exchange(m.param_bytes, 1, link) if workers > 1 else 0.0

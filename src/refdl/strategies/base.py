@@ -1,56 +1,59 @@
 """The Strategy protocol and the registry of strategies.
 
 A strategy owns **placement and communication** only: it receives a ``Task``
-(model, loss, optimizer as pure functions) and the global batch of each step
-from the loop, and decides where state lives and what moves between devices.
-It never owns the loop, the data order, the model or the loss, which is what
-makes every strategy comparable with the single-device reference ``single``.
+(model, loss, optimizer as pure functions), the checked ``Plan`` (mesh degrees,
+workers, pipeline cuts; ``refdl.config.plan``) and the global batch of each
+step, and decides where state lives and what moves between devices. It never
+owns the loop, the data order, the model or the loss, which is what makes every
+strategy comparable with the single-device reference ``single``.
+
+Everything a strategy needs is built in its constructor (compiled programs
+included, from abstract shapes); ``train_step`` returns what it measured in
+its metrics instead of keeping it, and ``summary`` reads those metrics back from
+the loop's history. Nothing is set on a strategy after construction.
 """
 
 from __future__ import annotations
 
-import abc
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
+from refdl.config.plan import Plan, Traits
+from refdl.config.spec import RunSpec
 from refdl.core.state import TrainState, to_host
 from refdl.core.task import Task
-from refdl.perf import CostBreakdown, Hardware
 from refdl.registry import Registry
 
 PyTree = Any
 Batch = dict[str, np.ndarray]
+BatchSource = Callable[[int], Batch]  # step -> the global batch of that step (the data order)
+History = Mapping[str, Any]  # metric name -> per-step host values (scalars) or the last value
 
 
-class Strategy(abc.ABC):
+class Strategy:
     """One way of running ``Task.step`` on devices.
 
     ``init_state``/``place_state`` put the state where the strategy wants it;
     ``train_step`` performs one SGD step on the *global* batch and returns the
-    new state and metrics (``loss`` plus whatever the strategy measured);
-    ``gather_state`` brings the full state to the host (checkpoints,
-    evaluation, equivalence checks); ``cost`` predicts a step's cost.
+    new state and metrics (``loss``, a device array the loop reads when it logs,
+    plus what the strategy measured); ``gather_state`` brings the full state to
+    the host (checkpoints, evaluation, equivalence checks); ``summary`` gives the
+    strategy's keys of ``summary.json`` from the metrics' history.
     """
 
-    name: ClassVar[str]
-    # How the strategy runs under mpirun: "spmd" (jax.distributed joins the ranks into
-    # one runtime), "mpi" (one runtime per rank, mpi4jax messages), None (one process only).
-    multiprocess: ClassVar[str | None] = None
+    name: ClassVar[str] = ""
+    traits: ClassVar[Traits] = Traits()
 
-    def __init__(self, task: Task, spec: Any, devices: list[jax.Device]) -> None:
-        self.task = task
-        self.spec = spec
-        self.devices = devices
-        self.batch_of: Any = None  # step -> global batch, set by the loop (for async workers)
+    def __init__(
+        self, task: Task, spec: RunSpec, plan: Plan, devices: list, batches: BatchSource
+    ) -> None:
+        self.task, self.spec, self.plan, self.devices = task, spec, plan, devices
+        self.batches = batches  # only strategies that pull their own batches (ps) call it
 
-    @property
-    def primary(self) -> bool:
-        """Whether this process writes files (rank 0 under MPI; always in one process)."""
-        from refdl import dist
-
-        return dist.launched_rank() == 0
+    # -- roles under mpirun ------------------------------------------------------------------
 
     @property
     def drives_loop(self) -> bool:
@@ -66,29 +69,19 @@ class Strategy(abc.ABC):
         """Called once on every loop-driving rank after the summary (release helper ranks)."""
         return None
 
+    # -- state --------------------------------------------------------------------------------
+
     def host_template(self, seed: int) -> TrainState:
         """A host state with this strategy's checkpoint structure (for ``--resume``)."""
         return to_host(self.task.init_state(seed))
 
-    def eval_state(self, host_state: TrainState) -> TrainState:
-        """The single model evaluated from a gathered state (e.g. the replicas' average)."""
-        return host_state
-
-    def extra_metrics(self, state: TrainState) -> dict[str, Any]:
-        """Metrics measured only on logged steps (e.g. consensus distance); every rank calls it."""
-        return {}
-
     def init_state(self, seed: int) -> TrainState:
         """The initial state from ``seed``, placed by this strategy."""
-        return self.place_state(to_host(self.task.init_state(seed)))
+        return self.place_state(self.host_template(seed))
 
-    @abc.abstractmethod
     def place_state(self, host_state: TrainState) -> TrainState:
         """Place a full host state (fresh or restored from a checkpoint) on the devices."""
-
-    @abc.abstractmethod
-    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-        """One step on the global ``batch``: ``(new_state, {"loss": ..., ...})``."""
+        raise NotImplementedError
 
     def gather_state(self, state: TrainState) -> TrainState:
         """The full state on the host as NumPy arrays."""
@@ -98,25 +91,37 @@ class Strategy(abc.ABC):
         """The full parameters on the host (for equivalence checks and evaluation)."""
         return self.gather_state(state).params
 
-    @classmethod
-    def predict_cost(
-        cls, model_cost: Any, hw: Hardware, batch: int, workers: int, opts: Any
-    ) -> CostBreakdown:
-        """The predicted cost of one step of a ``batch``-sample global batch on ``workers``
-        devices of ``hw`` (``refdl.perf.costs``); needs no devices, so works at paper scale."""
-        raise NotImplementedError(f"strategy {cls.name!r} has no cost model")
+    def eval_state(self, host_state: TrainState) -> TrainState:
+        """The single model evaluated from a gathered state (e.g. the replicas' average)."""
+        return host_state
 
-    def cost(self, hw: Hardware, batch: Batch) -> CostBreakdown:
-        """The analytic cost of one step of ``batch`` on ``hw``."""
-        raise NotImplementedError(f"strategy {self.name!r} has no cost model yet")
+    # -- one step -----------------------------------------------------------------------------
 
-    def timeline(self) -> list[tuple[int, str, float, float]] | None:
-        """The last step's executed schedule ``(stage, op, start, end)``, where recorded."""
-        return None
+    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
+        """One step on the global ``batch``: ``(new_state, {"loss": ..., ...})``."""
+        raise NotImplementedError
 
-    def summary(self) -> dict[str, Any]:
+    def extra_metrics(self, state: TrainState) -> dict[str, Any]:
+        """Metrics measured only on logged steps (e.g. consensus distance); every rank calls it."""
+        return {}
+
+    def summary(self, history: History) -> dict[str, Any]:
         """Strategy-specific keys for ``summary.json`` (e.g. ``comm_bytes_per_step``)."""
         return {}
+
+    # -- shared helpers -----------------------------------------------------------------------
+
+    def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """The global batch's shapes and dtypes (from step 0 of the data order)."""
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self.batches(0).items()}
+
+    @property
+    def serialize_steps(self) -> bool:
+        """Whether each step must finish before the next is dispatched: with several
+        simulated CPU devices, queued steps can occupy every thread of XLA's pool inside a
+        collective's rendezvous and deadlock (seen with 8 devices on 2 cores). Real
+        accelerators and one CPU device need no wait."""
+        return len(self.devices) > 1 and self.devices[0].platform == "cpu"
 
 
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
@@ -130,3 +135,16 @@ def register(name: str):
         return STRATEGIES.register(name)(cls)
 
     return deco
+
+
+def last(history: History, key: str, default: Any = None) -> Any:
+    """The last recorded value of ``key`` (a list's last element)."""
+    v = history.get(key, default)
+    return v[-1] if isinstance(v, list) and v else v
+
+
+def steady_median(history: History, key: str) -> float | None:
+    """The median of ``key`` over the steps after the first (which includes compilation)."""
+    values = history.get(key) or []
+    values = values[1:] or values
+    return float(np.median(values)) if values else None

@@ -20,74 +20,77 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from refdl.comm.allreduce import allreduce_mean, analytic_bytes
+from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
+from refdl.config.plan import Traits
 from refdl.core.layers import batch_axis, param_count
-from refdl.core.state import TrainState, to_host
-from refdl.errors import UsageError
-from refdl.mesh import MeshSpec
-from refdl.strategies.base import Batch, Strategy, register
+from refdl.core.state import TrainState
+from refdl.strategies.base import Batch, History, Strategy, last, register
 
 
 @register("data")
 class DataParallel(Strategy):
     """Replicated state, batch split on ``data``, explicit gradient allreduce."""
 
-    multiprocess = "spmd"
+    traits = Traits(
+        axes=("data",), options=frozenset({"mesh", "allreduce", "compress"}), multiprocess="spmd"
+    )
 
-    @classmethod
-    def predict_cost(cls, model_cost, hw, batch, workers, opts):
-        from refdl.perf import costs
-
-        return costs.data(model_cost, hw, batch, workers, opts)
-
-    def __init__(self, task, spec, devices) -> None:
-        super().__init__(task, spec, devices)
-        self.mesh_spec = MeshSpec.parse(spec.mesh, len(devices))
-        if self.mesh_spec.model != 1 or self.mesh_spec.pipe != 1:
-            raise UsageError(
-                "--strategy data uses only the data axis; use --strategy hybrid for "
-                f"--mesh {spec.mesh}"
-            )
-        self.p = self.mesh_spec.data
-        self.mesh_spec.check_batch(spec.batch_size, spec.microbatches)
-        if spec.allreduce == "halving-doubling" and self.p & (self.p - 1):
-            raise UsageError(
-                f"--allreduce halving-doubling needs a power-of-two data degree, not {self.p}"
-            )
-        self.mesh = self.mesh_spec.make(devices)
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        super().__init__(task, spec, plan, devices, batches)
+        self.p = plan.mesh.data
+        self.mesh = plan.mesh.make(devices)
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
-        self.codec = None
-        if spec.compress:
-            from refdl.comm.compress import make_codec
-
-            self.codec = make_codec(spec.compress)
+        self.codec = make_codec(spec.compress) if spec.compress else None
+        self.n_params = param_count(task.model.abstract_params(task.sample_x))
         # Replicated state; a compressor's residuals are per worker, split on `data`.
         extras = P("data") if self.codec is not None else P()
-        self.state_specs = TrainState(P(), P(), P(), P(), P(), extras)
-        self._jitted = jax.jit(
-            jax.shard_map(
-                self._local_step,
-                mesh=self.mesh,
-                in_specs=(self.state_specs, P("data")),
-                out_specs=(self.state_specs, P("data")),
-                check_vma=False,  # ppermute results are typed "varying"; they are equal
-            ),
-            donate_argnums=0,
+        specs = TrainState(P(), P(), P(), P(), P(), extras)
+        self.shardings = jax.tree.map(
+            lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
         )
-        self._compiled = None
-        self.measured: dict[str, int] = {}
-        self.last_metrics: dict[str, Any] = {}
+        step = jax.shard_map(
+            self._local_step,
+            mesh=self.mesh,
+            in_specs=(specs, P("data")),
+            out_specs=(specs, P("data")),
+            check_vma=False,  # ppermute results are typed "varying"; they are equal
+        )
+        self._step = (
+            jax.jit(step, donate_argnums=0)
+            .lower(self._abstract_state(), self._abstract_sharded_batch())
+            .compile()
+        )
+        self.comm_bytes = collective_bytes(self._step.as_text(), self.p).get("total", 0)
+        self.comm_by_collective = {
+            k: v for k, v in collective_bytes(self._step.as_text(), self.p).items() if k != "total"
+        }
+
+    def _abstract_state(self) -> TrainState:
+        state = self.task.abstract_state()
+        if self.codec is not None:
+            state = state.replace(
+                extras={"residual": jax.ShapeDtypeStruct((self.p, self.n_params), "float32")}
+            )
+        return jax.tree.map(
+            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+            state,
+            _broadcast(self.shardings, state),
+        )
+
+    def _abstract_sharded_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+                for k, v in self.abstract_batch().items()}  # fmt: skip
 
     def _local_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
         """One step as seen by one device: its shard in, the replicated new state out."""
         with batch_axis("data"):
             loss, grads, model_state = self.task.accumulated_grads(
-                state.params, state.model_state, batch, self.spec.microbatches
+                state.params, state.model_state, batch, self.plan.microbatches
             )
         metrics = {"loss": loss[None]}
         if self.codec is not None:
@@ -98,53 +101,47 @@ class DataParallel(Strategy):
         return self.task.apply_gradients(state, grads, model_state), metrics
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        self.n_params = param_count(host_state.params)
         if self.codec is not None and not host_state.extras:
             host_state = host_state.replace(
                 extras=self.codec.init_extras(host_state.params, self.p)
             )
-        shardings = jax.tree.map(
-            lambda spec: NamedSharding(self.mesh, spec),
-            self.state_specs,
-            is_leaf=lambda x: isinstance(x, P),
-        )
-        return jax.device_put(host_state, shardings)
+        return jax.device_put(host_state, _broadcast(self.shardings, host_state))
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-        batch = jax.device_put(batch, self.batch_sharding)
-        if self._compiled is None:
-            self._compiled = self._jitted.lower(state, batch).compile()
-            self.measured = collective_bytes(self._compiled.as_text(), self.p)
-        state, metrics = self._compiled(state, batch)
-        # Finish each step before dispatching the next: with simulated CPU devices, queued
-        # steps can occupy every thread of XLA's pool inside a collective's rendezvous and
-        # deadlock (seen with 8 devices on 2 cores when steps were not awaited).
-        jax.block_until_ready(state)
-        out = {"loss": metrics.pop("loss"), "comm_bytes": self.measured.get("total", 0)}
-        out.update({k: float(np.mean(to_host(v))) for k, v in metrics.items()})
-        self.last_metrics = out
-        return state, out
+        state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))
+        if self.serialize_steps:
+            jax.block_until_ready(state)
+        return state, {**metrics, "comm_bytes": self.comm_bytes}
 
     def analytic_comm_bytes(self) -> int:
         """Bytes the allreduce of all fp32 gradients should send per step (all devices)."""
-        n_bytes = 4 * self.n_params
         if self.codec is not None:
-            return self.codec.analytic_bytes(n_bytes // 4, self.p)
-        return analytic_bytes(self.spec.allreduce, n_bytes, self.p)
+            return self.codec.analytic_bytes(self.n_params, self.p)
+        return analytic_bytes(self.spec.allreduce, 4 * self.n_params, self.p)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, history: History) -> dict[str, Any]:
         out = {
-            "mesh": self.mesh_spec.as_dict(),
+            "mesh": self.plan.mesh.as_dict(),
             "allreduce": self.spec.allreduce,
-            "microbatches": self.spec.microbatches,
-            "comm_bytes_per_step": self.measured.get("total"),
+            "microbatches": self.plan.microbatches,
+            "comm_bytes_per_step": self.comm_bytes,
             "comm_bytes_per_step_analytic": self.analytic_comm_bytes(),
-            "comm_bytes_by_collective": {k: v for k, v in self.measured.items() if k != "total"},
+            "comm_bytes_by_collective": self.comm_by_collective,
         }
         if self.codec is not None:
-            out["compress"] = self.spec.compress
-            out["compression_error"] = self.last_metrics.get("compression_error")
             dense = analytic_bytes("ring", 4 * self.n_params, self.p)
+            out["compress"] = self.spec.compress
+            out["compression_error"] = last(history, "compression_error")
             out["comm_bytes_per_step_uncompressed"] = dense
-            out["comm_bytes_saved_per_step"] = dense - (self.measured.get("total") or 0)
+            out["comm_bytes_saved_per_step"] = dense - self.comm_bytes
         return out
+
+
+def _broadcast(shardings: TrainState, state: TrainState) -> TrainState:
+    """The per-field shardings of ``shardings`` spread over every leaf of ``state``."""
+    return jax.tree.map(
+        lambda sh, sub: jax.tree.map(lambda _: sh, sub),
+        shardings,
+        state,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )

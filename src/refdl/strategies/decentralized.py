@@ -24,24 +24,25 @@ model is the replicas' average. ``consensus_distance`` is
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from refdl import dist
 from refdl.comm import topology
+from refdl.config.mesh import MeshSpec
+from refdl.config.plan import Traits
+from refdl.config.spec import straggler_of
 from refdl.core.layers import param_count
 from refdl.core.state import TrainState, to_host
-from refdl.errors import UsageError
-from refdl.mesh import MeshSpec
-from refdl.spec import straggler_of
-from refdl.strategies.base import Batch, Strategy, register
-
-DEFAULT_SIMULATED_WORKERS = 4
+from refdl.data.order import worker_share
+from refdl.parallel.processes import comm, data_comm, launched_rank
+from refdl.strategies.base import Batch, History, Strategy, last, register
 
 
 def stack(tree: Any, n: int) -> Any:
@@ -65,57 +66,36 @@ def replica_mean(tree: Any) -> Any:
 class Decentralized(Strategy):
     """Neighbour averaging over a graph; synchronous steps, no central state."""
 
-    multiprocess = "mpi"
+    traits = Traits(
+        options=frozenset({"topology", "order", "gossip", "simulate", "workers", "straggler"}),
+        multiprocess="mpi",
+        workers=True,
+    )
 
-    @classmethod
-    def predict_cost(cls, model_cost, hw, batch, workers, opts):
-        from refdl.perf import costs
-
-        return costs.decentralized(model_cost, hw, batch, workers, opts)
-
-    def __init__(self, task, spec, devices) -> None:
-        super().__init__(task, spec, devices)
-        if spec.mesh and MeshSpec.parse(spec.mesh, len(devices)).data != len(devices):
-            raise UsageError("--strategy decentralized uses every device as a worker; drop --mesh")
-        if spec.allreduce != "xla" or spec.compress or spec.preset:
-            raise UsageError("--allreduce, --compress and --preset are for data/hybrid")
-        self.mode = "mpi" if dist.under_mpi() else ("serial" if spec.simulate else "spmd")
-        if self.mode == "mpi":
-            self.n, self.rank = dist.launched_size(), dist.launched_rank()
-        elif self.mode == "serial":
-            if len(devices) != 1:
-                raise UsageError("--simulate runs every worker on one device; drop --devices")
-            self.n, self.rank = spec.workers or DEFAULT_SIMULATED_WORKERS, 0
-        else:
-            self.n, self.rank = len(devices), 0
-            if spec.workers is not None:
-                raise UsageError("--workers is for --simulate; use --devices N")
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        super().__init__(task, spec, plan, devices, batches)
+        self.mode = {"mpi": "mpi", "simulate": "serial", "spmd": "spmd"}[plan.mode]
+        self.n = plan.workers
+        self.rank = launched_rank() if self.mode == "mpi" else 0
         self.adj = topology.adjacency(spec.topology, self.n)
         self.w = topology.metropolis(self.adj)
         self.shifts = topology.shifts(self.adj)
         self.matchings = topology.matchings(self.adj)
-        MeshSpec(data=self.n).check_batch(spec.batch_size, spec.microbatches)
         self.straggler = straggler_of(spec.straggler)
-        if self.straggler and self.mode != "mpi":
-            raise UsageError("--straggler delays one rank of an mpirun job; launch under mpirun")
-        if self.straggler and self.straggler[0] >= self.n:
-            raise UsageError(f"--straggler rank {self.straggler[0]} is not one of {self.n} workers")
-        self.last_consensus: float | None = None
-        self._fns: dict[Any, Any] = {}
+        self.n_params = param_count(task.model.abstract_params(task.sample_x))
         if self.mode == "spmd":
             self.mesh = MeshSpec(data=self.n).make(devices)
             self.sharding = NamedSharding(self.mesh, P("data"))
+        build = {"spmd": self._spmd_fn, "serial": self._serial_fn, "mpi": self._mpi_fn}[self.mode]
+        matchings = range(len(self.matchings)) if spec.gossip else [None]
+        self._fns = {m: build(m) for m in matchings}  # jitted; each compiles on its first call
 
     # ----- state: replicas stacked on a leading axis (one per rank under MPI) -----
-
-    def init_state(self, seed: int) -> TrainState:
-        return self.place_state(self.host_template(seed))
 
     def host_template(self, seed: int) -> TrainState:
         return stack(to_host(self.task.init_state(seed)), self.n)
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        self.n_params = param_count(jax.tree.map(lambda x: x[0], host_state.params))
         if self.mode == "mpi":
             return jax.device_put(jax.tree.map(lambda x: x[self.rank], host_state))
         if self.mode == "serial":
@@ -126,7 +106,7 @@ class Decentralized(Strategy):
         if self.mode != "mpi":
             return to_host(state)
         local = to_host(state)
-        parts = dist.comm().gather(local, root=0)
+        parts = comm().gather(local, root=0)
         if self.rank != 0:
             return stack(local, self.n)  # not used: only rank 0 writes and evaluates
         return jax.tree.map(lambda *xs: np.stack(xs), *parts)
@@ -139,7 +119,7 @@ class Decentralized(Strategy):
     def _local(self, state: TrainState, batch: Batch) -> tuple[Any, Any, TrainState]:
         """One replica's loss, gradient and new model state on its share of the batch."""
         loss, grads, model_state = self.task.accumulated_grads(
-            state.params, state.model_state, batch, self.spec.microbatches
+            state.params, state.model_state, batch, self.plan.microbatches
         )
         return loss, grads, model_state
 
@@ -213,10 +193,9 @@ class Decentralized(Strategy):
 
     def _mpi_fn(self, matching: int | None):
         """One rank's step: its replica, mpi4jax send/receive with neighbours inside jit."""
-        import mpi4jax
-        from jax.flatten_util import ravel_pytree
+        import mpi4jax  # only under mpirun: mpi4py starts MPI when imported
 
-        comm, n, r, w = dist.data_comm(), self.n, self.rank, self.w
+        comm, n, r, w = data_comm(), self.n, self.rank, self.w
 
         def mix(params):
             flat, unravel = ravel_pytree(params)
@@ -249,30 +228,20 @@ class Decentralized(Strategy):
 
         return jax.jit(step, donate_argnums=0)
 
-    def _fn(self, matching: int | None):
-        key = (self.mode, matching)
-        if key not in self._fns:
-            build = {"spmd": self._spmd_fn, "serial": self._serial_fn, "mpi": self._mpi_fn}
-            self._fns[key] = build[self.mode](matching)
-        return self._fns[key]
-
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         step = int(np.asarray(jax.device_get(state.step)).reshape(-1)[0])
         matching = None
         if self.spec.gossip:
             matching = topology.gossip_matching(self.spec.seed, step, len(self.matchings))
         if self.mode == "mpi":
-            from refdl.data.order import worker_share
-
             if self.straggler and self.straggler[0] == self.rank:
-                import time
-
                 time.sleep(self.straggler[1])
             batch = worker_share(batch, self.rank, self.n)
         elif self.mode == "spmd":
             batch = jax.device_put(batch, self.sharding)
-        state, loss = self._fn(matching)(state, batch)
-        jax.block_until_ready(state)  # see DataParallel.train_step
+        state, loss = self._fns[matching](state, batch)
+        if self.serialize_steps or self.mode == "mpi":
+            jax.block_until_ready(state)  # simulated devices; MPI ranks wait in their messages
         return state, {"loss": loss, "comm_bytes": self._comm_bytes(matching)}
 
     def _comm_bytes(self, matching: int | None) -> int:
@@ -288,20 +257,17 @@ class Decentralized(Strategy):
     def extra_metrics(self, state: TrainState) -> dict[str, Any]:
         """``consensus_distance``: (1/n) sum_i ||x_i - x_bar||^2 over all parameters."""
         if self.mode == "mpi":
-            from jax.flatten_util import ravel_pytree
-
             flat = np.asarray(ravel_pytree(to_host(state.params))[0], np.float64)
-            world = dist.comm()
+            world = comm()
             total = np.zeros_like(flat)
             world.Allreduce(flat, total)
             mine = float(np.sum((flat - total / self.n) ** 2))
             value = world.allreduce(mine) / self.n
         else:
             value = float(_consensus(state.params))
-        self.last_consensus = value
         return {"consensus_distance": value}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, history: History) -> dict[str, Any]:
         return {
             "workers": self.n,
             "executor": self.mode,
@@ -311,7 +277,7 @@ class Decentralized(Strategy):
             "degree_mean": float(self.adj.sum(1).mean()),
             "spectral_gap": topology.spectral_gap(self.w),
             "mixing_matrix": self.w.round(6).tolist() if self.n <= 16 else None,
-            "consensus_distance": self.last_consensus,
+            "consensus_distance": last(history, "consensus_distance"),
             "comm_bytes_per_step": self._comm_bytes(None) if not self.spec.gossip else None,
             "comm_bytes_per_step_analytic": self._comm_bytes(None),
         }

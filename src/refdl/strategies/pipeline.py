@@ -22,7 +22,6 @@ operation is busy from its slot's start until its result is ready.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -33,114 +32,38 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from refdl.core.layers import param_count
+from refdl.config.plan import Traits
+from refdl.config.rules import partition_spec
 from refdl.core.losses import LOSSES
 from refdl.core.state import TrainState
-from refdl.errors import UsageError
-from refdl.mesh import MeshSpec
-from refdl.pipeline.schedule import build as build_schedule
-from refdl.strategies.base import Batch, Strategy, register
-from refdl.strategies.hybrid import partition_spec
-
-
-def balance(costs: list[int], parts: int) -> list[int]:
-    """Cut points splitting ``costs`` into ``parts`` contiguous non-empty groups that
-    minimise the largest group's sum (exact, by dynamic programming).
-
-    >>> balance([1, 1, 1, 1], 2)
-    [2]
-    """
-    n = len(costs)
-    prefix = np.concatenate([[0], np.cumsum(costs)])
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0
-    for j in range(1, parts + 1):
-        for i in range(j, n + 1):
-            for c in range(j - 1, i):
-                value = max(best[j - 1][c], prefix[i] - prefix[c])
-                if value < best[j][i]:
-                    best[j][i], cut[j][i] = value, c
-    cuts, i = [], n
-    for j in range(parts, 0, -1):
-        i = cut[j][i]
-        cuts.append(i)
-    return sorted(cuts)[1:]
+from refdl.parallel.schedule import build as build_schedule
+from refdl.strategies.base import Batch, History, Strategy, register, steady_median
 
 
 @register("pipeline")
 class Pipeline(Strategy):
     """GPipe, 1F1B or interleaved 1F1B over ``--stages`` devices, executed from the table."""
 
-    @classmethod
-    def predict_cost(cls, model_cost, hw, batch, workers, opts):
-        from refdl.perf import costs
+    traits = Traits(
+        axes=("pipe",),
+        options=frozenset({"stages", "schedule", "chunks", "stage_boundaries", "plot_schedule"}),
+    )
 
-        return costs.pipeline(model_cost, hw, batch, workers, opts)
-
-    def __init__(
-        self, task, spec, devices, mesh_spec: MeshSpec | None = None, rules: dict | None = None
-    ) -> None:
-        """Plain pipeline: one device per stage. ``hybrid`` passes its ``mesh_spec`` (with
-        ``pipe`` > 1) and its tensor-parallel ``rules``: each stage then owns the
-        ``data x model`` sub-mesh at its ``pipe`` index."""
-        super().__init__(task, spec, devices)
-        if mesh_spec is None:
-            p = spec.stages or len(devices)
-            if p != len(devices):
-                raise UsageError(
-                    f"--strategy pipeline runs one stage per device: --stages {p} needs "
-                    f"--devices {p}"
-                )
-            if spec.mesh or spec.allreduce != "xla" or spec.compress:
-                raise UsageError(
-                    "--mesh, --allreduce and --compress do not apply to --strategy "
-                    "pipeline; use --stages, --microbatches and --schedule"
-                )
-            mesh_spec = MeshSpec(pipe=p)
-        p = mesh_spec.pipe
-        if spec.stages not in (None, p):
-            raise UsageError(f"--stages {spec.stages} disagrees with --mesh pipe={p}")
-        self.mesh_spec, self.rules = mesh_spec, rules or {}
-        MeshSpec(data=mesh_spec.data).check_batch(spec.batch_size, spec.microbatches)
-        mesh = mesh_spec.make(devices)
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        """One stage per device; under ``hybrid`` (``plan.mesh`` with ``data`` or ``model``
+        > 1) each stage owns the ``data x model`` sub-mesh at its ``pipe`` index and its
+        parameters are split by the plan's tensor-parallel rules."""
+        super().__init__(task, spec, plan, devices, batches)
+        p, v, m = plan.mesh.pipe, plan.chunks, plan.microbatches
+        mesh = plan.mesh.make(devices)
         self.submeshes = [Mesh(mesh.devices[:, :, s], ("data", "model")) for s in range(p)]
-        v, m = spec.chunks, spec.microbatches
+        self.rules = plan.rules if plan.mesh.size > p else {}
         self.schedule = build_schedule(spec.schedule, p, m, v)
-        n_layers = len(task.model)
-        if p * v > n_layers:
-            raise UsageError(
-                f"{p} stages x {v} chunks = {p * v} need at least as many layers; "
-                f"{spec.model} has {n_layers}: use fewer --stages or --chunks"
-            )
-        if spec.schedule == "interleaved" and n_layers % (p * v):
-            raise UsageError(
-                f"--schedule interleaved needs the {n_layers} layers of {spec.model} to divide "
-                f"into {p} x {v} = {p * v} equal chunks; change --stages or --chunks"
-            )
-        shapes = task.model.abstract_params(np.asarray(task.sample_x))
-        costs = [max(param_count(shapes[k]), 1) for k in task.model.keys]
-        if spec.stage_boundaries is not None:
-            cuts = list(spec.stage_boundaries)
-            ordered = cuts == sorted(set(cuts)) and all(0 < c < n_layers for c in cuts)
-            if len(cuts) != p * v - 1 or not ordered:
-                raise UsageError(
-                    f"--stage-boundaries {','.join(map(str, cuts))}: need {p * v - 1} increasing "
-                    f"layer indices between 1 and {n_layers - 1} for {p * v} stages"
-                )
-        elif spec.schedule == "interleaved":
-            cuts = list(range(n_layers // (p * v), n_layers, n_layers // (p * v)))
-        else:
-            cuts = balance(costs, p * v)
-        self.boundaries = cuts
-        self.chunks = task.model.split(cuts)
+        self.boundaries = list(plan.cuts)
+        self.chunks = task.model.split(self.boundaries)
         self.p, self.v, self.m = p, v, m
         self.k_last = p * v - 1
-        self.timelines: list[list[tuple[int, str, float, float]]] = []
-        self.measured: list[float] = []
-        self.p2p_bytes = 0
-        self.peak_activation_bytes = [0] * p
+        self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
         self._jit()
 
     def act_sharding(self, k: int) -> NamedSharding:
@@ -205,7 +128,6 @@ class Pipeline(Strategy):
     # -- state: one TrainState per virtual stage, on its device ------------------------------
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        self._template = host_state
         by_path = _by_path(host_state.opt_state)
         states = []
         for k, chunk in enumerate(self.chunks):
@@ -235,7 +157,7 @@ class Pipeline(Strategy):
             found.update(_by_path(s.opt_state))
         opt = jax.tree_util.tree_map_with_path(
             lambda path, _: np.asarray(found[jax.tree_util.keystr(path)]),
-            self._template.opt_state,
+            self.abstract.opt_state,
         )
         return TrainState(
             step=np.asarray(host[0].step),
@@ -243,7 +165,7 @@ class Pipeline(Strategy):
             model_state=jax.tree.map(np.asarray, model_state),
             opt_state=opt,
             rng=np.asarray(host[0].rng),
-            extras=self._template.extras,
+            extras={},
         )
 
     # -- one step: walk the table --------------------------------------------------------------
@@ -315,31 +237,29 @@ class Pipeline(Strategy):
         jax.block_until_ready(state)
         busy = sum(end - begin for _, _, begin, end in timeline)
         measured = 1.0 - busy / (self.p * total)
-        self.timelines.append(timeline)
-        self.measured.append(measured)
-        self.p2p_bytes = p2p
-        self.peak_activation_bytes = peak
-        loss = float(np.mean([float(x) for x in losses]))
-        return state, {"loss": loss, "bubble_fraction_measured": measured, "comm_bytes": p2p}
+        loss = jnp.mean(jnp.stack(losses))
+        return state, {
+            "loss": loss,
+            "bubble_fraction_measured": measured,
+            "comm_bytes": p2p,
+            "peak_activation_bytes_per_stage": peak,
+            "timeline": timeline,
+        }
 
-    def timeline(self) -> list[tuple[int, str, float, float]] | None:
-        return self.timelines[-1] if self.timelines else None
-
-    def summary(self) -> dict[str, Any]:
-        steady = self.measured[1:] or self.measured  # the first step includes compilation
+    def summary(self, history: History) -> dict[str, Any]:
         return {
-            "mesh": self.mesh_spec.as_dict(),
+            "mesh": self.plan.mesh.as_dict(),
             "schedule": self.spec.schedule,
             "stages": self.p,
             "chunks": self.v,
             "microbatches": self.m,
             "stage_boundaries": self.boundaries,
             "bubble_fraction_analytic": self.schedule.bubble_fraction,
-            "bubble_fraction_measured": statistics.median(steady) if steady else None,
+            "bubble_fraction_measured": steady_median(history, "bubble_fraction_measured"),
             "peak_stash_per_stage": [self.schedule.peak_stash(s) for s in range(self.p)],
-            "peak_activation_bytes_per_stage": self.peak_activation_bytes,
+            "peak_activation_bytes_per_stage": history.get("peak_activation_bytes_per_stage"),
             "p2p_messages_per_step": self.schedule.p2p_messages(),
-            "comm_bytes_per_step": self.p2p_bytes,
+            "comm_bytes_per_step": (history.get("comm_bytes") or [None])[-1],
         }
 
 

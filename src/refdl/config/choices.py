@@ -1,0 +1,19 @@
+"""The configuration's vocabulary: every word an option may take.
+
+The modules that implement these words (``refdl.core.optim``, ``refdl.comm``,
+``refdl.parallel.schedule``) import their names from here, so a spec can be
+checked without importing them, and the two lists cannot drift apart
+(``tests/config/test_spec.py`` checks each implementation against its list).
+"""
+
+from __future__ import annotations
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+LR_SCHEDULES = ("constant", "step", "cosine")
+LOSSES = ("cross_entropy", "squared")
+ALLREDUCE = ("xla", "ring", "tree", "halving-doubling")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PS_MODES = ("sync", "async", "ssp")
+ORDERS = ("atc", "cta")  # decentralized: adapt-then-combine, combine-then-adapt
+TOPOLOGIES = ("ring", "torus", "exp2", "complete")
+PRESETS = ("tensor", "owt")

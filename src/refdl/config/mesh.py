@@ -1,0 +1,125 @@
+"""``MeshSpec``: the validated degrees of the device mesh (axes ``data``, ``model``, ``pipe``).
+
+Like torchtitan's ParallelDims: checked once, without devices, with messages
+that say what to change. ``-1`` means "the rest of the devices".
+
+- ``data``: the global batch is split into ``data`` equal shards; with
+  ``microbatches`` m, each shard is further split into m microbatches, so the
+  global batch must be a multiple of ``data * m``.
+- ``model``: every layer dimension named for tensor parallelism must divide by
+  ``model``;
+- ``pipe``: pipeline stages; needs at least ``pipe`` layers.
+
+Those checks against the batch and the model live in ``refdl.config.checks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import AxisType
+
+from refdl.errors import UsageError
+
+AXES = ("data", "model", "pipe")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """Degrees of the three mesh axes; their product is the device count."""
+
+    data: int = 1
+    model: int = 1
+    pipe: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.data * self.model * self.pipe
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data, self.model, self.pipe)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"data": self.data, "model": self.model, "pipe": self.pipe}
+
+    @classmethod
+    def parse(cls, text: str | None, devices: int) -> MeshSpec:
+        """``"data=2,model=4"`` on ``devices`` devices; unnamed axes are 1, ``-1`` the rest.
+
+        >>> MeshSpec.parse("data=2,model=-1", 8)
+        MeshSpec(data=2, model=4, pipe=1)
+        >>> MeshSpec.parse(None, 4)
+        MeshSpec(data=4, model=1, pipe=1)
+        """
+        if not isinstance(devices, int) or devices <= 0:
+            raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
+        if not text:
+            return cls(data=devices)
+        degrees: dict[str, int] = {}
+        for part in text.split(","):
+            name, sep, value = part.strip().partition("=")
+            name = name.strip()
+            if not sep or name not in AXES:
+                raise UsageError(
+                    f"--mesh {text!r}: each entry is AXIS=DEGREE with AXIS one of "
+                    f"{', '.join(AXES)} (got {part.strip()!r})"
+                )
+            if name in degrees:
+                raise UsageError(f"--mesh {text!r}: axis {name!r} given twice")
+            try:
+                degrees[name] = int(value.strip())
+            except ValueError:
+                raise UsageError(
+                    f"--mesh {text!r}: {name} degree {value!r} is not an integer"
+                ) from None
+            if degrees[name] == 0 or degrees[name] < -1:
+                raise UsageError(f"--mesh {text!r}: {name} degree must be >= 1 or -1")
+        rest = [n for n, d in degrees.items() if d == -1]
+        if len(rest) > 1:
+            raise UsageError(f"--mesh {text!r}: only one axis may be -1 (the rest)")
+        known = math.prod(d for d in degrees.values() if d != -1)
+        if rest:
+            if devices % known:
+                raise UsageError(
+                    f"--mesh {text!r}: {known} does not divide {devices} devices, so "
+                    f"{rest[0]}=-1 has no integer degree; change the degrees or --devices"
+                )
+            degrees[rest[0]] = devices // known
+        spec = cls(**degrees)
+        if spec.size != devices:
+            raise UsageError(
+                f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
+                f"make data x model x pipe = {devices} (or use -1 for one axis)"
+            )
+        return spec
+
+    @classmethod
+    def factor(cls, devices: int) -> MeshSpec:
+        """A hybrid mesh for ``devices`` devices: ``model`` 2 when the count is even, then
+        ``pipe`` 2 when at least 2 remain for ``data``, the rest on ``data``.
+
+        >>> MeshSpec.factor(8)
+        MeshSpec(data=2, model=2, pipe=2)
+        >>> MeshSpec.factor(4), MeshSpec.factor(1)
+        (MeshSpec(data=2, model=2, pipe=1), MeshSpec(data=1, model=1, pipe=1))
+        """
+        model = 2 if devices % 2 == 0 else 1
+        rest = devices // model
+        pipe = 2 if rest % 4 == 0 else 1
+        return cls(data=rest // pipe, model=model, pipe=pipe)
+
+    def text(self) -> str:
+        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``)."""
+        return ",".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+    def make(self, devices: Sequence) -> object:
+        """The ``jax.sharding.Mesh`` over ``devices`` with axes ``(data, model, pipe)``."""
+        if len(devices) != self.size:
+            raise UsageError(f"mesh {self.as_dict()} needs {self.size} devices, got {len(devices)}")
+        return jax.make_mesh(
+            self.shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices)
+        )

@@ -1,0 +1,348 @@
+"""Every degree, divisibility and option check of a run, in one place, before any device.
+
+``plan(spec, strategy, traits, model, ...)`` takes a validated ``RunSpec``, the
+strategy's declared ``Traits``, a device-free view of the model (``ModelShape``:
+parameter shapes and logical axis names, from ``jax.eval_shape``) and the rank
+count, and returns the ``Plan`` the strategy executes: mesh degrees, workers,
+microbatches, pipeline cuts. Anything that does not fit raises a one-line
+``UsageError`` saying what to change. Strategies do not check again.
+
+The checks, in order: options that belong to other strategies; the launcher
+(``mpirun``); the mesh (degrees multiply to the devices, axes the strategy does
+not use are 1); the batch (the global batch splits into ``data`` shards of
+``microbatches`` equal parts, or into worker shares); the layers (every
+dimension a mesh axis splits divides by its degree; a pipeline has a layer per
+stage and valid cuts); and each strategy's own numbers (servers, stragglers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from refdl.config.mesh import AXES, MeshSpec
+from refdl.config.rules import PRESET_RULES, MeshAxes, degree
+from refdl.config.spec import RunSpec, flag, straggler_of
+from refdl.errors import UsageError
+
+DEFAULT_SIMULATED_WORKERS = 4
+# RunSpec fields that only some strategies accept (each declares which in its Traits).
+STRATEGY_OPTIONS = (
+    "mesh", "allreduce", "compress", "preset", "stages", "schedule", "chunks",
+    "stage_boundaries", "plot_schedule", "ps_mode", "servers", "staleness", "simulate",
+    "workers", "ps_trace", "topology", "order", "gossip", "straggler",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What a strategy declares so its settings can be checked without devices.
+
+    ``axes``: the mesh axes it may split over (``()``: one device); ``options``: the
+    fields of ``STRATEGY_OPTIONS`` it accepts; ``multiprocess``: how it runs under
+    ``mpirun`` (``spmd``: one runtime over all ranks; ``mpi``: a runtime per rank;
+    ``None``: one process only); ``workers``: its unit is a worker (a rank, a device
+    or a simulated worker) holding a whole replica, not a mesh axis;
+    ``batch_stats``: whether it supports models with batch statistics (BatchNorm).
+    """
+
+    axes: tuple[str, ...] = ()
+    options: frozenset[str] = frozenset()
+    multiprocess: str | None = None
+    workers: bool = False
+    batch_stats: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One layer seen without devices: its parameters' shapes and logical axis names."""
+
+    key: str
+    params: Mapping[str, tuple[tuple[int, ...], tuple[str | None, ...]]]
+
+    @property
+    def size(self) -> int:
+        return int(sum(math.prod(shape) for shape, _ in self.params.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """A model seen without devices (``refdl.core.make.model_shape`` builds it)."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    batch_stats: bool = False
+    train_size: int = 1 << 62  # training examples of the data set
+
+    @property
+    def leaves(self) -> int:
+        return sum(len(layer.params) for layer in self.layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the checks decided: the strategy executes exactly this."""
+
+    mesh: MeshSpec
+    microbatches: int
+    rules: Mapping[str, MeshAxes]
+    batch_axes: MeshAxes
+    # spmd: one runtime over all devices (all ranks' under mpirun, via jax.distributed);
+    # mpi: a runtime per rank, messages between them; simulate: every worker in one process
+    mode: str = "spmd"
+    workers: int = 1  # ps / decentralized workers
+    servers: int = 0  # ps servers
+    chunks: int = 1  # pipeline chunks per device
+    cuts: tuple[
+        int, ...
+    ] = ()  # pipeline: layer index where each virtual stage after the first starts
+
+
+def plan(
+    spec: RunSpec,
+    strategy: str,
+    traits: Traits,
+    model: ModelShape,
+    *,
+    ranks: int = 1,
+    owners: Mapping[str, Traits] | None = None,
+) -> Plan:
+    """Check ``spec`` for ``strategy`` on ``model`` with ``ranks`` MPI ranks; the Plan."""
+    spec = spec.with_microbatches()
+    check_options(spec, strategy, traits, owners or {strategy: traits})
+    check_launch(spec, strategy, traits, ranks)
+    m = spec.microbatches
+    if spec.batch_size > model.train_size:
+        raise UsageError(
+            f"--batch-size {spec.batch_size} is larger than the {model.train_size} training "
+            "examples of the data set; use a smaller batch"
+        )
+    if not traits.batch_stats and model.batch_stats:
+        raise UsageError(
+            f"--strategy {strategy} does not support {model.name} (BatchNorm statistics would "
+            "stay on the workers); use mlp, lenet5, lstm_lm or transformer"
+        )
+    if traits.workers:
+        return _worker_plan(spec, strategy, model, ranks)
+    mesh = mesh_of(spec, strategy, traits)
+    preset = spec.preset or "tensor"
+    rules, batch_axes = PRESET_RULES[preset]
+    if mesh.pipe > 1 and spec.preset:
+        raise UsageError(f"--preset {spec.preset} does not combine with pipe > 1")
+    check_batch(spec.batch_size, degree(mesh, batch_axes), m)
+    if spec.allreduce == "halving-doubling" and mesh.data & (mesh.data - 1):
+        raise UsageError(
+            f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
+        )
+    check_layers(mesh, model, rules, spec.mesh)
+    chunks, cuts = spec.chunks, ()
+    if mesh.pipe > 1 or strategy == "pipeline":
+        if ranks > 1:
+            raise UsageError(
+                "pipe > 1 runs its stages from one host process; launch it without mpirun"
+            )
+        cuts = pipeline_cuts(spec, model, mesh.pipe)
+    elif spec.chunks != 1:
+        raise UsageError(f"--chunks {spec.chunks} needs pipeline stages (pipe > 1)")
+    return Plan(mesh, m, rules, batch_axes, "spmd", chunks=chunks, cuts=cuts)
+
+
+def check_options(
+    spec: RunSpec, strategy: str, traits: Traits, owners: Mapping[str, Traits]
+) -> None:
+    """Options given that ``strategy`` does not accept name the strategies that do."""
+    for key in spec.given():
+        if key not in STRATEGY_OPTIONS or key in traits.options:
+            continue
+        takers = sorted(name for name, t in owners.items() if key in t.options)
+        where = f"--strategy {', '.join(takers)}" if takers else "no strategy here"
+        raise UsageError(f"{flag(key)} is an option of {where}, not of --strategy {strategy}")
+
+
+def check_launch(spec: RunSpec, strategy: str, traits: Traits, ranks: int) -> None:
+    """Under ``mpirun`` (``ranks`` > 1): the strategy must run across ranks, once per rank."""
+    if ranks <= 1:
+        return
+    if traits.multiprocess is None:
+        raise UsageError(
+            f"--strategy {strategy} runs in one process; launch it without mpirun, or use "
+            "data, model, hybrid, ps or decentralized across ranks"
+        )
+    if spec.simulate:
+        raise UsageError("--simulate runs every worker in one process; launch it without mpirun")
+    if spec.devices not in (1, ranks):
+        raise UsageError(
+            f"under mpirun --devices is the number of ranks ({ranks}), not {spec.devices}; "
+            "drop --devices"
+        )
+
+
+def mesh_of(spec: RunSpec, strategy: str, traits: Traits) -> MeshSpec:
+    """The mesh degrees: ``--mesh`` (all devices on the strategy's first axis by default);
+    axes the strategy does not use must be 1."""
+    n = spec.devices
+    if not traits.axes:
+        if n != 1:
+            raise UsageError(
+                f"--strategy {strategy} runs on one device, not {n}; "
+                "drop --devices or pick a parallel strategy"
+            )
+        return MeshSpec()
+    if strategy == "pipeline" and spec.stages is not None and spec.stages != n:
+        raise UsageError(
+            f"--strategy pipeline runs one stage per device: --stages {spec.stages} needs "
+            f"--devices {spec.stages}"
+        )
+    mesh = MeshSpec.parse(spec.mesh or f"{traits.axes[0]}={n}", n)
+    unused = [a for a in AXES if a not in traits.axes and mesh.as_dict()[a] != 1]
+    if unused:
+        only = " and ".join(traits.axes)
+        raise UsageError(
+            f"--strategy {strategy} uses only the {only} axis; use --strategy hybrid for "
+            f"--mesh {spec.mesh}"
+        )
+    return mesh
+
+
+def check_batch(global_batch: int, shards: int, microbatches: int = 1) -> None:
+    """The global batch must split into ``shards`` of ``microbatches`` equal parts."""
+    if microbatches < 1:
+        raise UsageError(f"--microbatches must be >= 1 (got {microbatches})")
+    unit = shards * microbatches
+    if global_batch % unit:
+        lo = (global_batch // unit) * unit
+        hint = f"{lo} or {lo + unit}" if lo else f"{unit}"
+        raise UsageError(
+            f"--batch-size {global_batch} does not split into {shards} shards x "
+            f"{microbatches} microbatches; use a multiple of {unit} (e.g. {hint})"
+        )
+
+
+def check_layers(
+    mesh: MeshSpec, model: ModelShape, rules: Mapping[str, MeshAxes], mesh_text: str | None
+) -> None:
+    """Every dimension the rules split must divide by its mesh degree; say which does not."""
+    for layer in model.layers:
+        for name, (shape, axes) in layer.params.items():
+            for dim, logical in enumerate(axes):
+                k = degree(mesh, rules.get(logical)) if logical else 1
+                if k > 1 and shape[dim] % k:
+                    raise UsageError(
+                        f"--mesh {mesh_text or mesh.text()}: {k}-way split of layer "
+                        f"{layer.key}'s {logical} width {shape[dim]} (parameter {name} "
+                        f"{tuple(shape)}) is not even; use a degree dividing {shape[dim]} or "
+                        "change the width with --model-opt"
+                    )
+
+
+def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
+    """Where the ``p x chunks`` virtual stages start: ``--stage-boundaries``, equal chunks
+    for ``interleaved``, else balanced by parameter count (``balance``)."""
+    v, m, n = spec.chunks, spec.microbatches, len(model.layers)
+    if v != 1 and spec.schedule != "interleaved":
+        raise UsageError(f"--chunks {v} needs --schedule interleaved")
+    if spec.schedule == "interleaved" and m % p:
+        raise UsageError(
+            f"--schedule interleaved needs microbatches divisible by stages ({m} % {p} != 0)"
+        )
+    if p * v > n:
+        raise UsageError(
+            f"{p} stages x {v} chunks = {p * v} need at least as many layers; "
+            f"{model.name} has {n}: use fewer --stages or --chunks"
+        )
+    if spec.schedule == "interleaved" and n % (p * v):
+        raise UsageError(
+            f"--schedule interleaved needs the {n} layers of {model.name} to divide "
+            f"into {p} x {v} = {p * v} equal chunks; change --stages or --chunks"
+        )
+    if spec.stage_boundaries is not None:
+        cuts = list(spec.stage_boundaries)
+        ordered = cuts == sorted(set(cuts)) and all(0 < c < n for c in cuts)
+        if len(cuts) != p * v - 1 or not ordered:
+            raise UsageError(
+                f"--stage-boundaries {','.join(map(str, cuts))}: need {p * v - 1} increasing "
+                f"layer indices between 1 and {n - 1} for {p * v} stages"
+            )
+        return tuple(cuts)
+    if spec.schedule == "interleaved":
+        return tuple(range(n // (p * v), n, n // (p * v)))
+    return tuple(balance([max(layer.size, 1) for layer in model.layers], p * v))
+
+
+def balance(costs: list[int], parts: int) -> list[int]:
+    """Cut points splitting ``costs`` into ``parts`` contiguous non-empty groups that
+    minimise the largest group's sum (exact, by dynamic programming).
+
+    >>> balance([1, 1, 1, 1], 2)
+    [2]
+    """
+    n = len(costs)
+    prefix = np.concatenate([[0], np.cumsum(costs)])
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0
+    for j in range(1, parts + 1):
+        for i in range(j, n + 1):
+            for c in range(j - 1, i):
+                value = max(best[j - 1][c], prefix[i] - prefix[c])
+                if value < best[j][i]:
+                    best[j][i], cut[j][i] = value, c
+    cuts, i = [], n
+    for j in range(parts, 0, -1):
+        i = cut[j][i]
+        cuts.append(i)
+    return sorted(cuts)[1:]
+
+
+def _worker_plan(spec: RunSpec, strategy: str, model: ModelShape, ranks: int) -> Plan:
+    """ps and decentralized: workers are ranks, devices or simulated workers."""
+    m = spec.microbatches
+    servers = spec.servers if strategy == "ps" else 0
+    if ranks > 1:
+        mode = "mpi"
+        if servers >= ranks:
+            raise UsageError(
+                f"--servers {servers} leaves no worker among {ranks} ranks; launch at least "
+                f"{servers + 1} ranks (mpirun -n {servers + 1}) or lower --servers"
+            )
+        workers = ranks - servers
+    elif spec.simulate:
+        mode = "simulate"
+        if spec.devices != 1:
+            raise UsageError("--simulate runs every worker on one device; drop --devices")
+        workers = spec.workers or DEFAULT_SIMULATED_WORKERS
+    elif strategy == "ps":
+        raise UsageError(
+            "--strategy ps needs server and worker ranks: run it under mpirun -n N "
+            "(N >= --servers + 1), or simulate it in one process with --simulate"
+        )
+    else:
+        mode, workers = "spmd", spec.devices
+    if spec.batch_size % (workers * m):
+        raise UsageError(
+            f"--batch-size {spec.batch_size} does not split into {workers} worker shares of "
+            f"{m} microbatches; use a multiple of {workers * m}"
+        )
+    if servers > model.leaves:
+        raise UsageError(
+            f"--servers {servers}: the model has only {model.leaves} parameter arrays to "
+            f"shard; use --servers <= {model.leaves}"
+        )
+    straggler = straggler_of(spec.straggler)
+    if straggler is not None:
+        if strategy == "decentralized" and mode != "mpi":
+            raise UsageError("--straggler delays one rank of an mpirun job; launch under mpirun")
+        lo = servers  # ps: servers are ranks 0..K-1 (also when simulated)
+        if not lo <= straggler[0] < lo + workers:
+            raise UsageError(
+                f"--straggler {spec.straggler}: rank {straggler[0]} is not a worker "
+                f"(workers are ranks {lo}..{lo + workers - 1})"
+            )
+    if spec.ps_trace and spec.ps_mode == "sync":
+        raise UsageError("--ps-trace replays an async or ssp run; add --ps-mode async|ssp")
+    mesh = MeshSpec(data=workers if mode == "spmd" else 1)
+    return Plan(mesh, m, {}, "data", mode, workers=workers, servers=servers)

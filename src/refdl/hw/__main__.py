@@ -1,0 +1,52 @@
+"""``python -m refdl.hw``: calibrate this machine into a profile, or show a profile.
+
+.venv/bin/python -m refdl.hw show p100-nvlink
+.venv/bin/python -m refdl.hw calibrate --out my-machine.toml   # about three minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+from refdl.errors import UsageError
+from refdl.hw.calibrate import calibrate
+from refdl.hw.profile import dumps, load, parse
+from refdl.parallel.processes import simulate_devices
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m refdl.hw calibrate [--out FILE]`` | ``python -m refdl.hw show NAME``."""
+    ap = argparse.ArgumentParser(prog="python -m refdl.hw", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    cal = sub.add_parser("calibrate", help="measure this machine and write a profile")
+    cal.add_argument("--out", help="profile path (default: the shipped profiles/local.toml)")
+    cal.add_argument("--name", default="local")
+    show = sub.add_parser("show", help="print a profile")
+    show.add_argument("name")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "show":
+            print(dumps(load(args.name)), end="")
+            return 0
+        simulate_devices(8)  # the calibration measures simulated devices, as the tests run
+        profile = parse(calibrate(args.name), "calibration")
+        out = Path(args.out or str(resources.files("refdl.hw") / "profiles" / f"{args.name}.toml"))
+        out.write_text(dumps(profile))
+    except UsageError as e:
+        print(f"refdl.hw: error: {e}", file=sys.stderr)
+        return 2
+    d = profile.device
+    links = "; ".join(
+        f"{k}: alpha {v.latency_s * 1e6:.1f} us, {v.bandwidth / 1e9:.2f} GB/s"
+        for k, v in profile.links.items()
+    )
+    flops = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in d.peak_flops.items())
+    print(f"wrote {out}: {flops}, memory {d.memory_bandwidth / 1e9:.1f} GB/s; {links}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

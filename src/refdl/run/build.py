@@ -1,0 +1,92 @@
+"""Build a run from a spec: data set, task, checked plan, devices, strategy.
+
+Order matters and is the contract: the spec is validated, the launcher is
+checked and the ranks joined (``jax.distributed`` must start before anything
+touches JAX's backend), then the data set and the task are made, every degree
+and divisibility is checked against the model (``refdl.config.plan``), and only
+then are devices taken and the strategy built. Any bad input raises a one-line
+``UsageError`` before a device is used or a file written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from refdl.config.plan import Plan, check_launch, plan
+from refdl.config.spec import RunSpec
+from refdl.core.make import load_data, make_task, model_shape, resolve
+from refdl.core.task import Task
+from refdl.data import Dataset
+from refdl.data.order import global_batch_indices
+from refdl.errors import UsageError
+from refdl.parallel import processes
+from refdl.strategies import STRATEGIES, Strategy
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built from a spec: data set, task (model, loss, optimizer), plan, strategy."""
+
+    spec: RunSpec
+    dataset: Dataset
+    task: Task
+    plan: Plan
+    strategy: Strategy
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """The global batch of ``step`` in the shared deterministic order."""
+        return global_batch(self.dataset, self.spec, step)
+
+    def lr(self, step: int) -> float:
+        """The learning rate of ``step``."""
+        return float(self.task.schedule(step)) if self.task.schedule else float(self.spec.lr)
+
+
+def global_batch(dataset: Dataset, spec: RunSpec, step: int) -> dict[str, np.ndarray]:
+    """The global batch of ``step``: a pure function of (seed, step) (``refdl.data.order``)."""
+    idx = global_batch_indices(spec.seed, step, spec.batch_size, dataset.info.train_size)
+    return dataset.train_batch(idx)
+
+
+def build(spec: RunSpec) -> Run:
+    """Build the pieces of a run; raises UsageError for anything that does not fit."""
+    spec = resolve(spec)
+    cls = STRATEGIES.get(spec.strategy)
+    owners = {name: STRATEGIES.get(name).traits for name in STRATEGIES}
+    ranks = processes.launched_size()
+    check_launch(spec, spec.strategy, cls.traits, ranks)
+    if ranks > 1:
+        spec = dataclasses.replace(spec, devices=ranks)
+        if cls.traits.multiprocess == "spmd":
+            processes.init_spmd(spec.timeout)
+    dataset = load_data(spec)
+    task = make_task(spec, dataset)
+    checked = plan(
+        spec, spec.strategy, cls.traits, model_shape(task, dataset, spec.model),
+        ranks=ranks, owners=owners,
+    )  # fmt: skip
+    devices = _devices(spec, checked, ranks)
+    batches = functools.partial(global_batch, dataset, spec)
+    strategy = cls(task, spec, checked, devices, batches)
+    return Run(spec, dataset, task, checked, strategy)
+
+
+def _devices(spec: RunSpec, checked: Plan, ranks: int) -> list[Any]:
+    """The devices the strategy runs on: one per rank for message-passing strategies under
+    mpirun, else the first ``--devices`` of JAX's devices."""
+    if ranks > 1 and checked.mode == "mpi":
+        return jax.local_devices()[:1]  # one runtime per rank; ranks are the workers
+    available = jax.devices()
+    need = 1 if checked.mode == "simulate" else spec.devices
+    if len(available) < need:
+        raise UsageError(
+            f"--devices {need} asked for more devices than JAX sees ({len(available)}); "
+            "on a CPU host python -m refdl.train simulates them, in a library set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} before JAX starts"
+        )
+    return available[:need]

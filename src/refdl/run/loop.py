@@ -1,0 +1,305 @@
+"""The one training loop every strategy runs under: ``fit(spec)``.
+
+``fit`` builds the run (``refdl.run.build``), restores a checkpoint when asked,
+and walks the trajectory (``refdl.run.trajectory``). It owns what is common to
+all strategies: progress, evaluation, ``metrics.jsonl`` and TensorBoard events,
+``summary.json`` (``refdl.run.report``), checkpoints (``refdl.run.checkpoint``),
+``--resume``, NaN/Inf detection and clean interruption.
+
+The host waits for the devices only where it must: at the steps it logs,
+evaluates or checkpoints (and the first, which includes compilation). There it
+reads the losses of every step since the last such step, checks them, and
+takes the window's wall time per step as the step time.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from refdl.config.spec import RunSpec
+from refdl.core.state import TrainState, to_host
+from refdl.data.order import epoch_of
+from refdl.errors import DivergedError, Interrupted, UsageError
+from refdl.parallel import processes
+from refdl.run import checkpoint
+from refdl.run.build import Run, build
+from refdl.run.report import Writer, evaluate, summary, write_json
+from refdl.run.trajectory import trajectory
+
+
+def default_out_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5,
+        file=sys.stderr,
+        disable=None,
+    )
+
+
+def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
+    """Train as ``spec`` says; returns the summary (also written to ``out/summary.json``).
+
+    Raises ``UsageError`` for bad input (before any file is written),
+    ``DivergedError`` when the loss turns NaN/Inf (the last good checkpoint stays as
+    it was), and ``Interrupted`` after checkpointing the last completed step on
+    SIGINT or SIGTERM.
+    """
+    t_start = time.perf_counter()
+    run = build(spec)
+    spec, strategy = run.spec, run.strategy
+    out = Path(out or spec.out or default_out_dir())
+    primary = processes.launched_rank() == 0
+    state, start = _initial_state(run)
+    stop = GracefulStop()
+    watchdog = processes.Watchdog(spec.timeout) if processes.under_mpi() else None
+    if not strategy.drives_loop:  # a parameter-server worker or secondary server
+        try:
+            strategy.serve(state, start, watchdog)
+            strategy.finish()
+        finally:
+            stop.restore()
+            if watchdog is not None:
+                watchdog.close()
+        return {}
+    return _Loop(run, out, primary, state, start, stop, watchdog, t_start).train()
+
+
+def _initial_state(run: Run) -> tuple[TrainState, int]:
+    """The state to start from: the checkpoint ``--resume`` names, or a fresh one."""
+    spec, strategy = run.spec, run.strategy
+    if not spec.resume:
+        return strategy.init_state(spec.seed), 0
+    path = checkpoint.resolve(spec.resume)
+    host = checkpoint.restore(path, strategy.host_template(spec.seed))
+    step = int(np.asarray(host.step).reshape(-1)[0])
+    if step > spec.steps:
+        raise UsageError(
+            f"--resume checkpoint is at step {step}, past --steps {spec.steps}; raise --steps"
+        )
+    return strategy.place_state(host), step
+
+
+class _Loop:
+    """One run of the loop: the trajectory, and what is logged, evaluated and saved."""
+
+    def __init__(self, run, out, primary, state, start, stop, watchdog, t_start) -> None:
+        self.run, self.spec, self.strategy = run, run.spec, run.strategy
+        self.out, self.primary, self.state, self.start = out, primary, state, start
+        self.stop, self.watchdog, self.t_start = stop, watchdog, t_start
+        self.history: dict[str, Any] = {"loss": [], "step_time_s": []}
+        self.pending: list[tuple[int, dict[str, Any]]] = []  # steps whose loss is unread
+        self.last_eval: dict[str, float] = {}
+        self.eval_fn = jax.jit(run.task.eval_sums)
+        self.ckpt_dir = out / "checkpoints"
+
+    def _sync_at(self, done: int) -> bool:
+        s = self.spec
+        return (
+            done == self.start + 1
+            or done == s.steps
+            or self.stop.requested
+            or any(every and done % every == 0
+                   for every in (s.log_every, s.eval_every, s.checkpoint_every))
+        )  # fmt: skip
+
+    def train(self) -> dict[str, Any]:
+        spec = self.spec
+        self.writer = Writer(self.out, self.primary, self.start if spec.resume else None)
+        self.writer.json("config.json", {**spec.to_dict(), "out": str(self.out)})
+        self.bar = _progress(spec.steps, self.start, spec.progress and self.primary)
+        status, reason = "completed", None
+        try:
+            for step in trajectory(self.run, self.state, self.start, spec.steps, self._sync_at):
+                self.state = step.state
+                self._record(step)
+                if self.stop.requested and step.seconds is not None:
+                    status = "interrupted"
+                    break
+            self._save_checkpoint()
+        except DivergedError as e:
+            status, reason = "diverged", str(e)
+            raise
+        except BaseException as e:  # a second signal, or a failure: the state may be mid-step
+            status, reason = "failed", f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            self.stop.restore()
+            if self.watchdog is not None:
+                self.watchdog.close()
+            if self.bar is not None:
+                self.bar.close()
+            result = self._finish(status, reason)
+            self.writer.close()
+            self.strategy.finish()
+        if status == "interrupted":
+            raise Interrupted(self.stop.signum, self.checkpoint_written)
+        return result
+
+    # -- each step ---------------------------------------------------------------------------
+
+    def _record(self, step) -> None:
+        for key, value in step.metrics.items():
+            if key == "loss" or isinstance(value, jax.Array):
+                continue  # device values are read at synchronised steps
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.history.setdefault(key, []).append(value)
+            else:
+                self.history[key] = value  # a list or table: only the last is kept
+        self.pending.append((step.done, step.metrics))
+        if self.bar is not None:
+            self.bar.update(1)
+        if step.seconds is None:
+            return
+        self._read_pending()
+        if self.watchdog is not None:
+            self.watchdog.beat()
+        if step.done == self.start + 1:
+            self.history["first_step_time_s"] = step.seconds
+        else:
+            self.history["step_time_s"].append(step.seconds)
+        s, done = self.spec, step.done
+        if self.bar is not None:
+            sps = f"{s.batch_size / step.seconds:.0f}"
+            self.bar.set_postfix(loss=f"{self.history['loss'][-1]:.4f}", sps=sps, refresh=False)
+        evaluated = s.eval_every and (done % s.eval_every == 0 or done == s.steps)
+        if evaluated:
+            host = self.strategy.gather_state(self.state)  # collective across ranks
+            if self.primary:
+                self.last_eval = evaluate(self.run, self.strategy.eval_state(host), self.eval_fn)
+        if evaluated or (s.log_every and done % s.log_every == 0) or done == s.steps:
+            self._log(step, evaluated)
+        if s.checkpoint_every and done % s.checkpoint_every == 0:
+            self._save_checkpoint()
+
+    def _read_pending(self) -> None:
+        """Read the losses of every step since the last read; stop at a NaN/Inf one."""
+        if not self.pending:
+            return
+        values = to_host([m["loss"] for _, m in self.pending])  # all ranks together
+        for (done, _), v in zip(self.pending, values, strict=True):
+            loss = float(np.mean(v))
+            if not math.isfinite(loss):
+                last = checkpoint.all_checkpoints(self.ckpt_dir)
+                where = f"; the last good checkpoint is {last[-1]}" if last else ""
+                raise DivergedError(
+                    f"loss is {loss} at step {done}: training diverged "
+                    f"(lower --lr or change the optimizer){where}"
+                )
+            self.history["loss"].append(loss)
+        self.last_metrics = self.pending[-1][1]
+        self.pending = []
+
+    def _log(self, step, evaluated: bool) -> None:
+        s, done = self.spec, step.done
+        extra = {k: v for k, v in self.last_metrics.items() if k != "loss"}
+        logged_only = self.strategy.extra_metrics(self.state)
+        extra.update(logged_only)
+        window = self.history["loss"][-(s.log_every or 1) :]
+        row = {
+            "step": done,
+            "loss": self.history["loss"][-1],
+            "loss_avg": float(np.mean(window)),
+            "lr": self.run.lr(done - 1),
+            "epoch": epoch_of(done - 1, s.batch_size, self.run.dataset.info.train_size),
+            "step_time_s": step.seconds,
+            "samples_per_second": s.batch_size / step.seconds,
+            "elapsed_s": time.perf_counter() - self.t_start,
+        }
+        for key, value in extra.items():
+            if isinstance(value, jax.Array) or np.isscalar(value):
+                row[key] = float(np.mean(to_host(value)))
+                if isinstance(value, jax.Array) or key in logged_only:  # not yet in history
+                    self.history.setdefault(key, []).append(row[key])
+        if evaluated:
+            row.update(self.last_eval)
+        self.writer.metric(row)
+        if self.bar is not None and evaluated and "test_accuracy" in self.last_eval:
+            self.bar.write(
+                f"step {done}: loss {row['loss_avg']:.4f}, "
+                f"test accuracy {self.last_eval['test_accuracy']:.4f}",
+                file=sys.stderr,
+            )
+
+    # -- checkpoints and the summary --------------------------------------------------------
+
+    checkpoint_written: Path | None = None
+
+    def _save_checkpoint(self) -> None:
+        self._read_pending()  # never save a state whose losses were not checked
+        host = self.strategy.gather_state(self.state)
+        if self.primary:
+            meta = {"spec": self.spec.to_dict()}
+            self.checkpoint_written = checkpoint.save(
+                self.ckpt_dir, host, meta, keep=self.spec.keep_checkpoints
+            )
+
+    def _finish(self, status: str, reason: str | None) -> dict[str, Any]:
+        """Evaluate if needed and write ``summary.json``: the state is whole unless the run
+        failed mid-step, in which case the summary says so and reports no parameters."""
+        if status == "failed":
+            result = {"status": "failed", "reason": reason, "run_dir": str(self.out)}
+            self.writer.json("summary.json", result)
+            return result
+        host = self.strategy.gather_state(self.state)  # collective across ranks
+        if not self.primary:
+            return {}
+        host = self.strategy.eval_state(host)
+        if status != "diverged" and (not self.last_eval or status != "completed"):
+            self.last_eval = evaluate(self.run, host, self.eval_fn)
+        result = summary(self.run, host, self.history, self.last_eval, self.t_start, status,
+                         self.start)  # fmt: skip
+        if reason:
+            result["reason"] = reason
+        result["run_dir"] = str(self.out)
+        timeline = self.history.get("timeline")
+        if timeline:
+            write_json(self.out / "timeline.json", {"stages": result.get("stages"),
+                                                    "timeline": timeline})  # fmt: skip
+        self.writer.json("summary.json", result)
+        return result
+
+
+class GracefulStop:
+    """The first SIGINT or SIGTERM asks the loop to stop after the step in flight (so the
+    state is whole: a step's input state may already be donated); a second one stops at
+    once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum = 0
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise Interrupted(signum, None)
+        self.requested, self.signum = True, signum
+        name = signal.Signals(signum).name
+        print(f"refdl: {name}: stopping after this step ({name} again to abort)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}

@@ -1,0 +1,239 @@
+"""What a run reports: evaluation, ``metrics.jsonl``, TensorBoard events, ``summary.json``.
+
+Files in the run folder (written by the primary process only):
+
+- ``config.json``: the RunSpec as run;
+- ``metrics.jsonl``: one JSON object per logged step (``step``, ``loss``,
+  ``loss_avg``, ``lr``, ``epoch``, ``step_time_s``, ``samples_per_second``,
+  ``elapsed_s``, what the strategy measured, and ``test_*`` at evaluations);
+- ``events.out.tfevents.*``: the same scalars for TensorBoard (tensorboardX);
+- ``summary.json``: the run's result (keys in ``SUMMARY_KEYS``; they only grow).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tensorboardX import SummaryWriter
+
+from refdl.core.layers import param_count
+from refdl.core.state import TrainState
+from refdl.errors import UsageError
+from refdl.run.build import Run
+
+SUMMARY_KEYS = (
+    "strategy",
+    "model",
+    "dataset",
+    "steps",
+    "global_batch",
+    "devices",
+    "final_train_loss",
+    "test_accuracy",
+    "samples_per_second",
+    "step_time_median_s",
+    "wall_time_s",
+    "params_l2_norm",
+    "peak_memory_bytes",
+)
+TRAIN_EVAL_SIZE = 2048  # training examples evaluated for train_accuracy
+FINAL_LOSS_WINDOW = 10  # final_train_loss = mean loss of the last 10 steps
+# Scalars of a metrics row that TensorBoard shows, under these tags.
+TB_TAGS = {
+    "loss": "train/loss",
+    "loss_avg": "train/loss_avg",
+    "lr": "train/lr",
+    "test_loss": "test/loss",
+    "test_accuracy": "test/accuracy",
+    "test_perplexity": "test/perplexity",
+    "train_accuracy": "train/accuracy",
+    "step_time_s": "speed/step_time_s",
+    "samples_per_second": "speed/samples_per_second",
+    "comm_bytes": "comm/bytes_per_step",
+    "bubble_fraction_measured": "pipeline/bubble_fraction_measured",
+    "consensus_distance": "decentralized/consensus_distance",
+    "compression_error": "compress/compression_error",
+    "staleness_mean": "ps/staleness_mean",
+}
+
+
+def evaluate(run: Run, host_state: TrainState, eval_fn: Any = None) -> dict[str, float]:
+    """Test loss and accuracy (and perplexity for token data) with the full parameters."""
+    eval_fn = eval_fn or jax.jit(run.task.eval_sums)
+    totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    for batch in run.dataset.test_batches():
+        sums = eval_fn(host_state.params, host_state.model_state, batch)
+        for k in totals:
+            totals[k] += float(sums[k])
+    loss = totals["loss_sum"] / totals["count"]
+    out = {"test_loss": loss, "test_accuracy": totals["correct"] / totals["count"]}
+    if run.dataset.info.kind == "tokens":
+        out["test_perplexity"] = math.exp(min(loss, 700.0))
+    # Deep500's TrainingAccuracy: the same sums over the first (at most TRAIN_EVAL_SIZE)
+    # training examples, a fixed subset so successive evaluations are comparable.
+    n = min(run.dataset.info.train_size, TRAIN_EVAL_SIZE)
+    correct = count = 0.0
+    for lo in range(0, n, 512):
+        batch = run.dataset.train_batch(np.arange(lo, min(lo + 512, n)))
+        sums = eval_fn(host_state.params, host_state.model_state, batch)
+        correct, count = correct + float(sums["correct"]), count + float(sums["count"])
+    out["train_accuracy"] = correct / count if count else None
+    return out
+
+
+def params_l2_norm(params: Any) -> float:
+    """The float64 L2 norm over all parameters (the number strategies are compared by)."""
+    return float(
+        math.sqrt(
+            sum(float(np.sum(np.asarray(x, np.float64) ** 2)) for x in jax.tree.leaves(params))
+        )
+    )
+
+
+def peak_memory() -> tuple[int | None, str]:
+    """Peak memory in bytes and where it came from (device allocator, else host RSS)."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # some backends do not implement memory_stats
+        stats = {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host_max_rss"
+
+
+def finite(obj: Any) -> Any:
+    """Non-finite floats become None, so the JSON stays standard."""
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    """Write ``obj`` as JSON atomically (a temporary file, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(finite(obj), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metrics(path: Path, up_to: int | None = None) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (up to step ``up_to``); a torn last line (a run
+    killed mid-write) is dropped, a malformed earlier one is an error naming the line."""
+    rows = []
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("no integer step")
+        except ValueError:
+            if i == len(lines) - 1:
+                break  # torn by an interruption: the step will be logged again
+            raise UsageError(
+                f"{path}: line {i + 1} is not a metrics row; the run folder is damaged"
+            ) from None
+        if up_to is None or row["step"] <= up_to:
+            rows.append(row)
+    return rows
+
+
+class Writer:
+    """Appends to ``metrics.jsonl`` and TensorBoard's event file and writes JSON files;
+    does nothing off the primary process (rank 0 under mpirun)."""
+
+    def __init__(self, out: Path, enabled: bool, resume_step: int | None) -> None:
+        self.out, self.enabled = out, enabled
+        self._f = self._tb = None
+        if not enabled:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "metrics.jsonl"
+        kept = read_metrics(path, resume_step) if resume_step is not None and path.exists() else []
+        # Rows past the checkpoint we resume from are dropped: they will be recomputed.
+        tmp = out / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+        self._f = open(path, "a")  # noqa: SIM115  (closed in close())
+        # purge_step: TensorBoard hides an earlier event file's steps past the resume point.
+        self._tb = SummaryWriter(str(out), purge_step=resume_step, flush_secs=5)
+
+    def metric(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._f.write(json.dumps(finite(row)) + "\n")
+        self._f.flush()
+        for key, tag in TB_TAGS.items():
+            value = row.get(key)
+            scalar = isinstance(value, int | float) and not isinstance(value, bool)
+            if scalar and math.isfinite(value):
+                self._tb.add_scalar(tag, float(value), row["step"], walltime=time.time())
+
+    def json(self, name: str, obj: dict[str, Any]) -> None:
+        if self.enabled:
+            write_json(self.out / name, obj)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._f.close()
+            self._tb.close()
+
+
+def summary(
+    run: Run,
+    host: TrainState,
+    history: dict[str, Any],
+    last_eval: dict[str, float],
+    t_start: float,
+    status: str,
+    start: int,
+) -> dict[str, Any]:
+    """``summary.json``'s contents (``SUMMARY_KEYS`` and more; keys only grow)."""
+    spec, info = run.spec, run.dataset.info
+    losses, times = history.get("loss", []), history.get("step_time_s", [])
+    first = history.get("first_step_time_s")
+    median = statistics.median(times) if times else first
+    peak, source = peak_memory()
+    out = {
+        "strategy": spec.strategy,
+        "model": spec.model,
+        "dataset": info.name,
+        "steps": int(np.asarray(host.step).reshape(-1)[0]),
+        "global_batch": spec.batch_size,
+        "devices": len(run.strategy.devices),
+        "final_train_loss": float(np.mean(losses[-FINAL_LOSS_WINDOW:])) if losses else None,
+        "test_accuracy": last_eval.get("test_accuracy"),
+        "test_loss": last_eval.get("test_loss"),
+        "train_accuracy": last_eval.get("train_accuracy"),
+        "samples_per_second": spec.batch_size / median if median else None,
+        "step_time_median_s": median,
+        "compile_step_time_s": first,
+        "wall_time_s": time.perf_counter() - t_start,
+        "params_l2_norm": params_l2_norm(host.params),
+        "param_count": param_count(host.params),
+        "peak_memory_bytes": peak,
+        "peak_memory_source": source,
+        "status": status,
+        "resumed_from_step": start if spec.resume else None,
+        "optimizer": spec.optimizer,
+        "lr": spec.lr,
+        "seed": spec.seed,
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+    }
+    if "test_perplexity" in last_eval:
+        out["test_perplexity"] = last_eval["test_perplexity"]
+    out.update(info.baselines)
+    out.update(run.strategy.summary(history))
+    return out

@@ -1,0 +1,204 @@
+"""``ps``: parameter-server training (the survey's centralized architecture).
+
+Ranks ``0..K-1`` are servers holding the parameters, sharded by bytes
+(``--servers K``); ranks ``K..N-1`` are workers. A worker computes the gradient
+of its share of a global batch at the parameters it last received, pushes each
+shard's gradient to its server and pulls the new shard back (one mpi4jax
+``sendrecv`` per server, inside ``jit``). Servers apply the optimizer.
+
+- ``--ps-mode sync``: a server waits for every worker's gradient of the step,
+  averages them in worker order and applies one update: the trajectory equals
+  ``single``/``data``.
+- ``--ps-mode async``: a server applies each gradient as it arrives (any source,
+  scaled by 1/W, the worker's share of the batch) and returns fresh parameters
+  to that worker at once.
+- ``--ps-mode ssp --staleness S``: stale-synchronous parallel (Ho et al. 2013):
+  as async, but a worker may start clock c only when every worker has
+  completed clock c - S; the server holds its reply until then.
+
+Staleness of an applied gradient is recorded in *clocks* - how many clocks the
+worker ran ahead of the slowest worker's completed work when it read the
+parameters (SSP's bound S applies to it) - and in *updates* - how many updates
+the server applied between the read and this one (the async-SGD definition).
+Server 0 records the arrival order ``(worker, clock, version read)``; the
+in-process simulator (``--simulate``, ``simulate.py``) replays such a trace
+(``--ps-trace``) or generates one from a timing model, and is the oracle for
+the multi-process run (``mpi.py``). The algorithm itself - sharding, SSP's
+release rule, staleness - is ``ssp.py``.
+
+A "step" of the loop is W gradient applications (one per worker in sync),
+i.e. one global batch of samples, so step counts compare with ``single``.
+The learning-rate schedule advances once per step. BatchNorm models are refused:
+workers would keep unsynchronised batch statistics the server never sees.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from refdl.config.plan import Traits
+from refdl.config.spec import straggler_of
+from refdl.core.layers import param_count
+from refdl.core.make import make_optimizer_for
+from refdl.core.state import TrainState, to_host
+from refdl.data.order import worker_share
+from refdl.parallel.processes import data_comm, launched_rank
+from refdl.strategies.base import Batch, History, Strategy, register
+from refdl.strategies.ps.simulate import Simulator
+from refdl.strategies.ps.ssp import TRAILER, Layout, histogram, staleness_of
+
+
+@register("ps")
+class ParameterServer(Strategy):
+    """Servers hold the parameters and the optimizer; workers push gradients, pull parameters."""
+
+    traits = Traits(
+        options=frozenset(
+            {"ps_mode", "servers", "staleness", "simulate", "workers", "ps_trace", "straggler"}
+        ),
+        multiprocess="mpi",
+        workers=True,
+        batch_stats=False,
+    )
+
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        super().__init__(task, spec, plan, devices, batches)
+        self.k, self.w, self.mode = plan.servers, plan.workers, plan.mode
+        self.rank = launched_rank() if self.mode == "mpi" else 0
+        self.straggler = straggler_of(spec.straggler)
+        self.bound = {"sync": 0, "async": float("inf"), "ssp": spec.staleness}[spec.ps_mode]
+        # One lr-schedule step per loop step: async/SSP apply W gradients per step.
+        self.opt, _ = make_optimizer_for(spec, 1 if spec.ps_mode == "sync" else self.w)
+        params = task.model.abstract_params(task.sample_x)
+        self.layout = Layout(params, self.k)
+        self.n_params = param_count(params)
+        self._apply = jax.jit(self._apply_group)
+        self._grad = jax.jit(self._worker_grads)
+        self.executor = self._executor()
+
+    def _executor(self) -> Any:
+        """The simulator, or this rank's server or worker (mpi4py starts MPI on import, so
+        the MPI executor is imported only under mpirun)."""
+        if self.mode == "simulate":
+            return Simulator(self)
+        from refdl.strategies.ps import mpi
+
+        return mpi.Server(self) if self.rank < self.k else mpi.Worker(self)
+
+    @property
+    def drives_loop(self) -> bool:
+        return self.mode == "simulate" or self.rank == 0
+
+    def host_template(self, seed: int) -> TrainState:
+        s = to_host(self.task.init_state(seed))
+        groups = self.layout.split(s.params)
+        return s.replace(opt_state=tuple(to_host(self.opt.init(g)) for g in groups))
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        return jax.device_put(host_state, self.devices[0])
+
+    # ----- the math every executor shares (compiled once: replays are bit-identical) -----
+
+    def _apply_group(self, leaves, opt_state, grads, scale):
+        """One optimizer update of a server's shard with ``scale * grads``."""
+        grads = [g * scale for g in grads]
+        updates, opt_state = self.opt.update(grads, opt_state, leaves)
+        return [p + u for p, u in zip(leaves, updates, strict=True)], opt_state
+
+    def _worker_grads(self, params, batch):
+        loss, grads, _ = self.task.accumulated_grads(params, {}, batch, self.plan.microbatches)
+        return loss, grads
+
+    def share(self, step: int, worker: int) -> Batch:
+        """Worker ``worker``'s share of the global batch of ``step`` (from the batch source)."""
+        return worker_share(self.batches(step), worker, self.w)
+
+    # ----- one step of the loop: W gradient applications -----
+
+    def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
+        t0 = time.perf_counter()
+        if self.mode == "simulate":
+            state, metrics = self.executor.step(state)
+        else:
+            state, metrics = self._server_round(state)
+        jax.block_until_ready(state)
+        return state, {**metrics, "comm_bytes": self._comm_bytes(),
+                       "ps_step_s": time.perf_counter() - t0}  # fmt: skip
+
+    def _server_round(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        srv = self.executor
+        if srv.state is None:
+            srv.start(state)
+        losses = srv.pump(srv.applied + self.w)
+        new = state.replace(
+            step=state.step + 1,
+            params=self.layout.join([srv.leaves, *self.layout.split(state.params)[1:]]),
+            opt_state=(srv.opt, *state.opt_state[1:]),
+        )
+        return new, {"loss": float(np.mean(losses))}
+
+    def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
+        if self.rank < self.k:
+            self.executor.start(state)
+            self.executor.serve_forever(watchdog)
+        else:
+            self.executor.run(state, start, watchdog)
+
+    def gather_state(self, state: TrainState) -> TrainState:
+        """Server 0 asks servers 1..K-1 for their shards (and optimizer states)."""
+        if self.mode == "simulate" or self.k == 1:
+            return to_host(state)
+        from refdl.strategies.ps.mpi import GATHER
+
+        host = to_host(state)
+        groups = self.layout.split(host.params)
+        opt = list(host.opt_state)
+        world = data_comm()
+        for s in range(1, self.k):
+            world.send(None, dest=s, tag=GATHER)
+            groups[s], opt[s] = world.recv(source=s, tag=GATHER)
+        return host.replace(params=self.layout.join(groups), opt_state=tuple(opt))
+
+    def finish(self) -> None:
+        if self.mode == "mpi" and self.rank == 0:
+            from refdl.strategies.ps.mpi import STOP
+
+            for s in range(1, self.k):
+                data_comm().send(None, dest=s, tag=STOP)
+
+    # ----- reporting -----
+
+    def _comm_bytes(self) -> int:
+        """Bytes sent per step: W gradient pushes (with trailers) and W parameter pulls."""
+        return self.w * (8 * self.n_params + 4 * TRAILER * self.k)
+
+    def summary(self, history: History) -> dict[str, Any]:
+        trace = self.executor.trace if self.drives_loop else []
+        start = getattr(self.executor, "start_step", 0) or 0
+        out: dict[str, Any] = {
+            "ps_mode": self.spec.ps_mode,
+            "servers": self.k,
+            "workers": self.w,
+            "executor": self.mode,
+            "staleness_bound": self.spec.staleness,
+            "server_param_bytes": [4 * n for n in self.layout.group_sizes],
+            "comm_bytes_per_step": self._comm_bytes(),
+            "straggler": self.spec.straggler,
+        }
+        if self.spec.ps_mode != "sync" and trace:
+            clocks, updates = staleness_of(trace, self.w, start)
+            out.update(
+                staleness_histogram=histogram(clocks),
+                staleness_max=max(clocks),
+                staleness_updates_histogram=histogram(updates),
+                staleness_updates_mean=float(np.mean(updates)),
+                ps_trace=[list(e) for e in trace],
+            )
+        else:
+            steps = len(history.get("ps_step_s") or [])
+            out.update(staleness_histogram={"0": self.w * steps}, staleness_max=0)
+        return out

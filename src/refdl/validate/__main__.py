@@ -1,0 +1,131 @@
+"""``python -m refdl.validate``: check another framework against refdl.
+
+Two modes:
+
+- ``--framework torch --strategy single|data|pipeline --model M --steps N``
+  trains the same model from the same initial weights on the same batches with
+  the same optimizer and learning rates in refdl and in PyTorch (plain,
+  ``DistributedDataParallel`` over gloo, or ``torch.distributed.pipelining``),
+  and reports the per-step loss difference, the final parameter difference
+  (max abs, relative L2) and Deep500's error metrics. Exit status 1 when a
+  tolerance is exceeded.
+- ``--results FILE [--hw PROFILE]`` reads a framework's own training log (CSV or
+  JSONL of step, loss, samples/s and the configuration), reruns that
+  configuration in refdl, predicts its step time with the performance model,
+  and writes a report (markdown and JSON).
+
+Examples::
+
+    .venv/bin/python -m refdl.validate --framework torch --strategy data --model lenet5 \
+        --steps 20 --json
+    .venv/bin/python -m refdl.validate --strategy pipeline --model resnet --schedule gpipe
+    .venv/bin/python -m refdl.validate --results torch_log.jsonl --hw local --report out/
+
+Exit status: 0 passed; 1 a difference exceeded its tolerance; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from refdl.errors import UsageError
+from refdl.parallel.processes import simulate_devices
+from refdl.validate.exact import FIRST_STEP_RTOL, print_report, validate
+from refdl.validate.results import results_report, write_report
+
+PROG = "refdl.validate"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=f"python -m {PROG}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--framework", default="torch", choices=["torch"])
+    p.add_argument("--strategy", default="single", help="single, data or pipeline")
+    p.add_argument("--model", default="lenet5", help="mlp, lenet5, resnet or lstm_lm")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--devices", type=int, help="workers/stages (default: 1 single, 2 otherwise)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--microbatches", type=int, help="pipeline microbatches (default 4)")
+    p.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe or 1f1b")
+    p.add_argument("--optimizer", help="sgd, momentum, nesterov or adam (default: the model's)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
+    p.add_argument("--dataset", help="default: the model's")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--param-rtol", type=float,
+                   help="largest relative L2 difference of the final parameters "
+                        "(default: per model, see README)")  # fmt: skip
+    p.add_argument(
+        "--loss-rtol",
+        type=float,
+        help="largest per-step |loss difference| / |refdl loss| (default: per model)",
+    )
+    p.add_argument(
+        "--first-step-rtol",
+        type=float,
+        default=FIRST_STEP_RTOL,
+        help="tolerance of the first loss and of the parameters after one update",
+    )
+    p.add_argument("--perturb", type=float, default=0.0,
+                   help="add this relative noise to the PyTorch side's initial weights "
+                        "(checks that the check can fail)")  # fmt: skip
+    p.add_argument("--torch-batchnorm", default="composite", choices=["composite", "native"],
+                   help="PyTorch side's BatchNorm: the adapter's (tensor ops) or "
+                        "torch.nn.BatchNorm2d (loses precision on CPU; see README)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=600, help="seconds for the PyTorch workers")
+    p.add_argument("--results", help="a framework's log (CSV or JSONL) to compare with refdl")
+    p.add_argument("--hw", default="local", help="hardware profile for --results' prediction")
+    p.add_argument("--report", help="with --results: directory for report.md and report.json")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    devices = args.devices or (1 if args.strategy == "single" else 2)
+    simulate_devices(max(devices, 8))  # before JAX starts its backend
+
+    try:
+        if args.steps < 1:
+            raise UsageError(f"--steps must be >= 1 (got {args.steps})")
+        if args.results:
+            r = results_report(args)
+            if args.report:
+                write_report(r, Path(args.report))
+            if args.json:
+                print(json.dumps(r, indent=2))
+            else:
+                s = r["samples_per_s"]
+                print(f"{r['log']}: {r['steps_compared']} steps compared, max relative loss "
+                      f"difference {r['loss_max_rel_diff']:.2e}; samples/s framework "
+                      f"{s['framework']}, refdl here {s['refdl_here']:.4g}, predicted "
+                      f"{s['predicted']:.4g} ({s['predicted_hw']}); "
+                      + ("PASSED" if r["passed"] else "FAILED"))  # fmt: skip
+                if args.report:
+                    print(f"report: {Path(args.report) / 'report.md'}")
+            return 0 if r["passed"] else 1
+        r = validate(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print_report(r)
+    return 0 if r["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""``python -m refdl.train`` as a user runs it: bad input, --list, interruption, acceptance runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli, stderr_lines
+
+BAD = [
+    (["--strategy", "nope"], "unknown strategy 'nope'; choose one of: "),
+    (["--model", "vgg"], "unknown model 'vgg'; choose one of: lenet5, lstm_lm, mlp"),
+    (["--dataset", "imagenet"], "unknown data set 'imagenet'; choose one of:"),
+    (["--optimizer", "lbfgs"], "--optimizer must be one of sgd, momentum, nesterov, adam"),
+    (["--steps", "0"], "--steps must be an integer in [1, 1000000000] (got 0)"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training examples"),
+    (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no checkpoint there"),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent"], "/nonexistent: not a readable dir"),
+    (["--devices", "2"], "--strategy single runs on one device, not 2"),
+    (["--model", "lstm_lm", "--dataset", "digits"], "model 'lstm_lm' needs a tokens data set"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc = run_cli(*args, "--out", str(tmp_path / "r"), "--no-progress", timeout=120)
+    lines = stderr_lines(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("refdl.train: error: ") and message in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_list_names_everything():
+    proc = run_cli("--list", timeout=120)
+    assert proc.returncode == 0
+    for name in (
+        "single",
+        "lenet5",
+        "mlp",
+        "resnet",
+        "lstm_lm",
+        "transformer",
+        "digits",
+        "pytext",
+        "synthetic",
+        "mnist",
+        "cifar10",
+        "ptb",
+        "zarr",
+    ):
+        assert name in proc.stdout
+
+
+def test_interrupt_checkpoints_then_resume_continues(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "refdl.train",
+            "--model",
+            "mlp",
+            "--steps",
+            "100000",
+            "--checkpoint-every",
+            "100000",
+            "--log-every",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 2000):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"exit {proc.returncode}; stderr:\n{err}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] > 0
+    ckpts = sorted((out / "checkpoints").iterdir())
+    assert ckpts[-1].name == f"step_{summary['steps']:07d}"
+    res = run_cli("--resume", str(out), "--steps", str(summary["steps"] + 5), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    after = json.loads((out / "summary.json").read_text())
+    assert after["steps"] == summary["steps"] + 5 and after["resumed_from_step"] == summary["steps"]
+    rows = [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()]
+    assert rows == sorted(set(rows))  # no duplicated steps after resuming
+
+
+def test_resume_refuses_a_different_trajectory(tmp_path):
+    first = run_cli("--model", "mlp", "--steps", "5", "--out", str(tmp_path), "--no-progress")
+    assert first.returncode == 0, first.stderr
+    proc = run_cli("--resume", str(tmp_path), "--lr", "0.5", "--steps", "10")
+    assert proc.returncode == 2
+    assert "--lr 0.5 (the run has 0.05); drop these flags" in stderr_lines(proc)[0]
+
+
+@pytest.mark.slow
+def test_acceptance_lenet5_cli(tmp_path):
+    proc = run_cli(
+        "--strategy",
+        "single",
+        "--model",
+        "lenet5",
+        "--dataset",
+        "digits",
+        "--steps",
+        "300",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["test_accuracy"] >= 0.95
+
+
+@pytest.mark.slow
+def test_acceptance_resnet20_50_steps_loss_falls(tmp_path):
+    proc = run_cli(
+        "--model",
+        "resnet",
+        "--model-opt",
+        "depth=20",
+        "--steps",
+        "50",
+        "--log-every",
+        "10",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss_avg"] < 0.5 * rows[0]["loss_avg"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lstm_lm", "transformer"])
+def test_acceptance_language_models_full_size(tmp_path, model):
+    proc = run_cli(
+        "--model",
+        model,
+        "--dataset",
+        "pytext",
+        "--steps",
+        "300",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["test_perplexity"] < 0.5 * s["unigram_test_perplexity"]

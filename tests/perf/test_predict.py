@@ -1,0 +1,278 @@
+"""Step-time prediction: shape-only models, each strategy's cost formula, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+
+import pytest
+
+from refdl import hw
+from refdl.errors import UsageError
+from refdl.parallel.schedule import analytic_bubble
+from refdl.perf import PredictOptions, compute_time, roofline_time
+from refdl.perf import costs as K
+from refdl.perf.collectives import Link, allgather_ring, allreduce_ring
+from refdl.perf.model_cost import ModelCost, model_cost
+from refdl.perf.zoo import shape_param_count
+from refdl.predict import main as predict_main
+from refdl.predict import predict_steps
+
+# Published parameter counts (torchvision / the papers / Hugging Face's gpt2).
+PUBLISHED_PARAMS = {
+    "alexnet": 62_378_344,  # one tower, 227x227 input
+    "vgg16": 138_357_544,
+    "vgg19": 143_667_240,
+    "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
+    "lenet5_1998": 61_706,
+    "gpt2": 124_439_808,
+}
+
+
+@pytest.mark.parametrize("name,count", sorted(PUBLISHED_PARAMS.items()))
+def test_shape_models_have_the_published_parameter_counts(name, count):
+    assert shape_param_count(name) == count
+
+
+@pytest.mark.parametrize("name,lo,hi", [("inception_v3", 23.5e6, 24.2e6),
+                                        ("googlenet", 6.6e6, 7.1e6)])  # fmt: skip
+def test_inception_models_are_close_to_their_papers(name, lo, hi):
+    assert lo < shape_param_count(name) < hi  # no auxiliary heads; biases instead of BN
+
+
+def taps(n: int, k: int) -> int:
+    """Valid kernel taps summed over the n outputs of a stride-1 SAME convolution (XLA's
+    cost analysis does not count products with the zero padding)."""
+    return sum(min(n, i + k // 2 + 1) - max(0, i - k // 2) for i in range(n))
+
+
+def test_alexnet_flops_from_xla_match_the_hand_count():
+    """One-tower AlexNet at 227x227, counted by hand: a training step is forward, input
+    gradient (all but the first layer) and weight gradient, 2 FLOPs per multiply-add."""
+    m = model_cost("alexnet")
+    conv1 = 55 * 55 * 96 * 11 * 11 * 3  # VALID, stride 4
+    convs = taps(27, 5) ** 2 * 96 * 256 + taps(13, 3) ** 2 * (256 * 384 + 384 * 384 + 384 * 256)
+    fc = 9216 * 4096 + 4096 * 4096 + 4096 * 1000
+    forward = conv1 + convs + fc
+    assert m.params == PUBLISHED_PARAMS["alexnet"]
+    assert m.flops_per_sample == pytest.approx(2 * (3 * forward - conv1), rel=0.01)
+
+
+def toy(params: int = 1_000_000, flops: float = 1e9) -> ModelCost:
+    return ModelCost("toy", params, flops, 0.0, 1e6, 0.0, 4e5, 4e4, layers=10)
+
+
+P100 = hw.load("p100-nvlink-ib-edr")
+
+
+def test_single_and_one_worker_cost_no_communication():
+    m, o = toy(), PredictOptions()
+    single = K.single(m, P100, 64, 1, o)
+    assert single.comm_s == 0 and single.bubble_s == 0
+    assert single.compute_s == pytest.approx(roofline_time(64e9, 64e6, P100))
+    for fn in (K.data, K.tensor, K.decentralized):
+        c = fn(m, P100, 64, 1, o)
+        assert c.comm_s == 0 and c.compute_s == pytest.approx(single.compute_s)
+    with pytest.raises(UsageError, match="single runs on 1 worker"):
+        K.single(m, P100, 64, 2, o)
+
+
+def test_data_cost_is_compute_share_plus_ring_allreduce():
+    m, o = toy(), PredictOptions()
+    c = K.data(m, P100, 64, 16, o)
+    assert c.compute_s == pytest.approx(roofline_time(4e9, 4e6, P100))
+    link = P100.link(16).alpha_beta()  # 16 > 8 per node: the InfiniBand link
+    assert link == P100.links["inter"].alpha_beta()
+    assert c.comm_s == pytest.approx(allreduce_ring(4e6, 16, link))
+    times = [K.data(m, P100, 64, p, o).comm_s for p in (2, 4, 8, 16, 32)]
+    assert times == sorted(times)
+    hidden = K.data(m, P100, 64, 16, dataclasses.replace(o, overlap=1.0))
+    assert hidden.comm_s == pytest.approx(max(0.0, c.comm_s - c.compute_s))
+
+
+def test_tensor_and_hybrid_charge_the_models_own_collectives_where_known():
+    # 2 all-reduces of 1 kB and an all-gather of 512 B per sample, instead of Megatron's
+    # 2 x 10 layers all-reduces of the boundary
+    m = dataclasses.replace(toy(), tp_collectives=(("allreduce", 1024.0), ("allgather", 512.0),
+                                                   ("allreduce", 1024.0)))  # fmt: skip
+    link = P100.link(4).alpha_beta()
+    own = 2 * allreduce_ring(64 * 1024.0, 4, link) + allgather_ring(64 * 512.0, 4, link)
+    assert K.tensor(m, P100, 64, 4, PredictOptions()).comm_s == pytest.approx(own)
+    megatron = 2 * 10 * allreduce_ring(64 * 4e4, 4, link)
+    assert K.tensor(toy(), P100, 64, 4, PredictOptions()).comm_s == pytest.approx(megatron)
+    # hybrid data=2 x model=2 x pipe=2 on 8: the tensor share on B/2, over 2 stages, plus
+    # the data all-reduce of a quarter of the gradients
+    o = PredictOptions(mesh="data=2,model=2,pipe=2")
+    tp = 2 * allreduce_ring(32 * 1024.0, 2, P100.link(2).alpha_beta())
+    tp += allgather_ring(32 * 512.0, 2, P100.link(2).alpha_beta())
+    dp = allreduce_ring(4e6 / 4, 2, P100.link(8).alpha_beta())
+    assert K.hybrid(m, P100, 64, 8, o).comm_s == pytest.approx(tp / 2 + dp)
+
+
+def test_pipeline_bubble_follows_the_schedule_table():
+    m = toy()
+    for sched, mb in (("gpipe", 4), ("1f1b", 8)):
+        o = PredictOptions(microbatches=mb, schedule=sched)
+        c = K.pipeline(m, P100, 64, 4, o)
+        f = analytic_bubble(sched, 4, mb)
+        assert c.bubble_s / (c.compute_s + c.bubble_s) == pytest.approx(f)
+    gpipe = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule="gpipe"))
+    one_f = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule="1f1b"))
+    assert one_f.memory_bytes < gpipe.memory_bytes  # 1F1B stashes p microbatches, not M
+
+
+def test_ps_and_decentralized_costs_grow_with_workers_and_degree():
+    m = toy()
+    ps = [K.ps(m, P100, 64, w, PredictOptions()).comm_s for w in (2, 4, 8)]
+    assert ps == sorted(ps) and ps[0] > 0
+    sharded = K.ps(m, P100, 64, 8, PredictOptions(servers=4)).comm_s
+    assert sharded < ps[-1]
+    ring = K.decentralized(m, P100, 64, 8, PredictOptions(topology="ring")).comm_s
+    full = K.decentralized(m, P100, 64, 8, PredictOptions(topology="complete")).comm_s
+    assert full == pytest.approx(ring * 7 / 2)
+
+
+def test_shared_cores_scale_compute_by_the_devices_sharing_them():
+    local = hw.load("local")
+    assert local.device.shared_cores and local.device.dispatch_s > 0
+    one = compute_time(1e9, 0, local, ops=10, calls=1, sharing=1)
+    four = compute_time(1e9, 0, local, ops=10, calls=1, sharing=4)
+    d = compute_time(0, 0, local, calls=1)  # the host's dispatch: not shared
+    assert four - d == pytest.approx(4 * (one - d))
+    assert compute_time(1e9, 0, P100, ops=10, sharing=4) == pytest.approx(1e9 / 10.6e12)
+
+
+def test_shared_cores_add_up_operations_and_overlap_the_handoffs_of_concurrent_devices():
+    from refdl.perf.ops import InStep, OpRate, OpWork
+
+    local = hw.load("local")
+    dev = dataclasses.replace(
+        local.device,
+        ops={"dot": OpRate(1e-6, 1e10), "elementwise": OpRate(0.0, 1e9)},
+        in_step=InStep(dot=2.0, memory=1.0, handoff_s=1e-5),
+    )
+    prof = dataclasses.replace(local, device=dev)
+    work = OpWork({"dot": (4, 1e8), "elementwise": (6, 1e6)})
+    busy = 2 * (4e-6 + 1e-2) + 1e-3  # the operations, by hand
+    waits = 10 * 1e-5  # 10 hand-offs (calls=0: no host dispatch)
+    one = compute_time(0, 0, prof, calls=0, work=work, sharing=1)
+    assert one == pytest.approx(busy + waits)
+    # 4 devices at once (one SPMD call): their operations share the cores, the waits overlap
+    spmd = compute_time(0, 0, prof, calls=0, work=work, sharing=4)
+    assert spmd == pytest.approx(4 * busy + waits)
+    # 4 stages run in turn by the pipeline's executor: everything adds up
+    staged = compute_time(0, 0, prof, calls=0, work=work, sharing=4, concurrent=False)
+    assert staged == pytest.approx(4 * (busy + waits))
+
+
+def test_predict_steps_speedup_and_efficiency_definitions():
+    rows = predict_steps("p100-nvlink-ib-edr", "data", "lenet5_1998", 32, [1, 2, 8, 64],
+                         scaling="weak")  # fmt: skip
+    assert [r["global_batch"] for r in rows] == [32, 64, 256, 2048]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(r["throughput"] / rows[0]["throughput"])
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
+        assert r["step_time_s"] == pytest.approx(r["compute_s"] + r["comm_s"] + r["bubble_s"])
+    assert rows[0]["comm_s"] == 0 and rows[0]["efficiency"] == 1
+    effs = [r["efficiency"] for r in rows]
+    assert effs == sorted(effs, reverse=True) and effs[-1] < 1
+
+
+def test_predict_cli_json_and_errors(capsys, tmp_path):
+    assert predict_main(["--hw", "p100-nvlink", "--strategy", "data", "--model", "mlp",
+                         "--batch-size", "64", "--workers", "1,2,4", "--json",
+                         "--plot", str(tmp_path / "s.png")]) == 0  # fmt: skip
+    rows = json.loads(capsys.readouterr().out)
+    keys = {"step_time_s", "compute_s", "comm_s", "bubble_s", "throughput", "speedup",
+            "efficiency", "memory_bytes"}  # fmt: skip
+    assert [r["workers"] for r in rows] == [1, 2, 4] and keys <= rows[0].keys()
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    assert predict_main(["--hw", "p100-nvlink", "--model", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --model 'nope'" in err and "resnet50" in err
+    assert predict_main(["--hw", "p100-nvlink", "--model", "mlp", "--workers", "x"]) == 2
+
+
+def test_alpha_beta_link_of_local_profile():
+    local = hw.load("local")
+    intra = local.links["intra"]
+    assert local.link(2) == intra  # 2 devices fit in the node
+    ab = intra.alpha_beta()
+    assert ab == Link(alpha=intra.latency_s, beta=1.0 / (intra.bandwidth * intra.achievable))
+
+
+def test_overhead_keys_round_trip_and_are_checked(tmp_path):
+    local = hw.load("local")
+    text = hw.dumps(local)
+    assert "shared_cores = true" in text and "dispatch_s = " in text
+    assert hw.parse(tomllib.loads(text)) == local
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("shared_cores = true", 'shared_cores = "yes"'))
+    with pytest.raises(UsageError, match=re.escape("device.shared_cores must be true or false")):
+        hw.load(bad)
+    bad.write_text(text.replace("dispatch_s = ", "dispatch_s = -"))
+    with pytest.raises(UsageError, match=re.escape("device.dispatch_s must be a number >= 0")):
+        hw.load(bad)
+
+
+def test_refdl_model_cost_carries_its_operations_and_local_uses_them():
+    from refdl.perf.ops import OpWork, op_time
+
+    m = model_cost("mlp")
+    kinds = {k: (c, f, p) for k, c, f, p in m.op_kinds}
+    assert kinds["dot"][0] >= 6 and m.state_leaves > 10 and m.input_leaves == 2
+    # the mlp's dots: 64 -> 256 -> 256 -> 10, forward and weight gradient of each layer,
+    # input gradient of the last two (none for the data), 2 FLOPs per multiply-add
+    macs = 2 * (64 * 256 + 256 * 256 + 256 * 10) + (256 * 256 + 256 * 10)
+    assert kinds["dot"][2] == pytest.approx(2 * macs)
+    local = hw.load("local")
+    c = K.single(m, local, 64, 1, PredictOptions())
+    device = op_time(m.op_work(64), local.device.ops, local)
+    assert device > 0 and c.compute_s > device  # plus the host's dispatch and transfer
+    assert m.op_work(8) == OpWork({k: (c, max(f + 8 * p, 0.0)) for k, c, f, p in m.op_kinds})
+    assert model_cost("alexnet").op_kinds == ()  # shape-only: the roofline
+
+
+def test_tensor_collectives_walk_the_layers_by_hand():
+    from refdl.perf.model_cost import tensor_collectives
+
+    # column, row, replicated classifier: one all-reduce of the row layer's output; the
+    # first layer's input gradient is not needed
+    mlp = tensor_collectives([None, (False, True), (True, False), (False, False)],
+                             [64, 64, 256, 256, 10])  # fmt: skip
+    assert mlp == (("allreduce", 4.0 * 256),)
+    # two channel-split convolutions (pools between), flatten, column, row, classifier
+    layers = [(False, True), None, (False, True), None, None, (False, True), (True, False),
+              (False, False)]  # fmt: skip
+    sizes = [64, 512, 128, 256, 64, 64, 120, 84, 10]
+    assert tensor_collectives(layers, sizes) == (
+        ("allgather", 4.0 * 128), ("allreduce", 4.0 * 128),  # conv2 needs all channels
+        ("allgather", 4.0 * 64), ("allreduce", 4.0 * 64),  # fc1 needs the whole flatten
+        ("allreduce", 4.0 * 84),  # fc2's partial sums
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["mlp", "lenet5"])
+def test_tensor_collectives_are_those_of_the_compiled_model_parallel_step(model):
+    """The cost model's collectives equal, op for op and byte for byte, the all-reduces
+    and all-gathers XLA's partitioner put in refdl's compiled 2-way model-parallel step."""
+    import numpy as np
+
+    from refdl.config.spec import RunSpec
+    from refdl.perf.model_cost import model_cost
+    from refdl.perf.ops import DTYPE_BYTES, shape_dims
+    from refdl.run.build import build
+
+    run = build(RunSpec(strategy="model", model=model, devices=2, batch_size=64, progress=False))
+    text = run.strategy._step.as_text()  # the compiled model-parallel step
+    found = []
+    for line in text.splitlines():
+        m = re.search(r"= (\S+) (all-reduce|all-gather)(?:-start)?\(", line)
+        if m:
+            (dtype, dims), *_ = shape_dims(m.group(1))
+            found.append((m.group(2).replace("-", ""), DTYPE_BYTES[dtype] * float(np.prod(dims))))
+    want = [(op, 64 * n) for op, n in model_cost(model).tp_collectives]
+    assert sorted(found) == sorted(want)

@@ -1,0 +1,174 @@
+"""The equivalence test that holds refdl together: every consistent strategy, every small
+model, 5 steps from the same seed give the same per-step loss and final parameters as
+``single`` on 8 simulated devices.
+
+Tolerance (fp32): per-step loss rtol 1e-5, parameters rtol 1e-5 / atol 1e-6. The
+strategies reorder fp32 sums (an allreduce adds shard gradients in another order; a
+microbatched step adds microbatch means; tensor parallelism splits dot products),
+so results differ by a few ulps per step (~1e-7 relative); 5 momentum steps keep that
+below 1e-6. The tolerance is 10x that, far below any real bug (a wrong mean or a
+missing shard is >1e-2). Adam (the language models' optimizer) divides by the
+gradient's running RMS, so an element whose gradient is ~0 moves by ~lr times the
+sign of fp32 noise; for Adam runs the parameter atol is 1e-5 (lr is 3e-3).
+
+The default run covers every case for ``mlp``, most for ``lenet5`` and three for each
+larger model; the rest are marked ``slow`` (``pytest -m slow``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from refdl.config.spec import RunSpec
+from refdl.models import MODELS
+from refdl.run.build import build
+from refdl.run.trajectory import run_steps
+from refdl.testing import assert_equivalent
+
+STEPS = 5
+RTOL, ATOL, ATOL_ADAM = 1e-5, 1e-6, 1e-5
+SMALL = {
+    "mlp": (("hidden", "32,32"),),
+    "lenet5": (),
+    "resnet": (("depth", "8"), ("width", "8")),
+    "transformer": (("d_model", "32"), ("heads", "4"), ("layers", "1"), ("mlp_dim", "64")),
+    "lstm_lm": (("hidden", "16"),),
+}
+TOKEN_DATA = (("seq_len", "8"),)
+
+
+def _spec(model: str, **kw) -> RunSpec:
+    data_opts = TOKEN_DATA if model in ("transformer", "lstm_lm") else ()
+    return RunSpec(
+        model=model,
+        model_opts=SMALL[model],
+        data_opts=data_opts,
+        batch_size=32,
+        progress=False,
+        **kw,
+    )
+
+
+@functools.cache
+def _reference(model: str):
+    return run_steps(_spec(model), STEPS)
+
+
+def check(model: str, **kw) -> None:
+    """``model`` under ``kw`` equals ``single`` over ``STEPS`` steps (refdl.testing)."""
+    atol = ATOL_ADAM if MODELS.get(model).defaults["optimizer"] == "adam" else ATOL
+    assert_equivalent(_spec(model, **kw), STEPS, reference=_reference(model), rtol=RTOL,
+                      atol=atol, loss_rtol=RTOL, loss_atol=ATOL)  # fmt: skip
+
+
+CASES = [
+    *[
+        ("data", {"devices": 8, "allreduce": a})
+        for a in ("xla", "ring", "tree", "halving-doubling")
+    ],
+    ("data", {"devices": 4, "allreduce": "ring", "microbatches": 2}),
+    ("data", {"devices": 2, "allreduce": "xla", "microbatches": 4}),
+    ("data", {"devices": 1, "microbatches": 4}),
+    ("model", {"devices": 2}),
+    ("model", {"devices": 4}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,model=4"}),
+    ("hybrid", {"devices": 8, "mesh": "data=4,model=2"}),
+    ("hybrid", {"devices": 4, "mesh": "data=2,model=2", "microbatches": 2}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "microbatches": 2}),
+    ("hybrid", {"devices": 4, "mesh": "model=2,pipe=2", "schedule": "gpipe", "microbatches": 1}),
+]
+
+
+def _id(case):
+    strategy, kw = case
+    return strategy + "-" + "-".join(f"{k}={v}" for k, v in kw.items())
+
+
+DEFAULT_FOR_LARGE = {
+    "data-devices=8-allreduce=ring",
+    "model-devices=4",
+    "hybrid-devices=8-mesh=data=2,model=4",
+}
+SLOW_FOR_LENET = {
+    "data-devices=1-microbatches=4",
+    "data-devices=2-allreduce=xla-microbatches=4",
+    "model-devices=2",
+    "hybrid-devices=8-mesh=data=4,model=2",
+    "hybrid-devices=4-mesh=model=2,pipe=2-schedule=gpipe-microbatches=1",
+}
+
+
+def _default(model: str, case_id: str) -> bool:
+    if model == "mlp":
+        return True
+    if model == "lenet5":
+        return case_id not in SLOW_FOR_LENET
+    return case_id in DEFAULT_FOR_LARGE
+
+
+PARAMS = [
+    pytest.param(
+        model,
+        case,
+        id=f"{model}-{_id(case)}",
+        marks=() if _default(model, _id(case)) else pytest.mark.slow,
+    )
+    for model in sorted(SMALL)
+    for case in CASES
+]
+
+
+@pytest.mark.parametrize("model,case", PARAMS)
+def test_strategy_equals_single(model, case):
+    strategy, kw = case
+    if model == "resnet" and build(_spec(model, strategy=strategy, **kw)).spec.microbatches > 1:
+        pytest.skip("BatchNorm statistics of a microbatch differ from the full batch's")
+    check(model, strategy=strategy, **kw)
+
+
+@pytest.mark.parametrize("model", ["lenet5", "mlp"])
+def test_owt_preset_equals_single(model):
+    check(model, strategy="hybrid", devices=8, mesh="data=2,model=4", preset="owt")
+
+
+PIPELINE_DEFAULT = {("1f1b", 4, 8), ("gpipe", 2, 4), ("interleaved", 2, 4), ("1f1b", 2, 1)}
+PIPELINE_PARAMS = [
+    pytest.param(
+        sched,
+        p,
+        m,
+        id=f"{sched}-P{p}-M{m}",
+        marks=() if (sched, p, m) in PIPELINE_DEFAULT else pytest.mark.slow,
+    )
+    for sched in ("gpipe", "1f1b", "interleaved")
+    for p in (2, 4)
+    for m in (1, 2, 4, 8)
+    if sched != "interleaved" or m % p == 0
+]
+
+
+@pytest.mark.parametrize("schedule,stages,microbatches", PIPELINE_PARAMS)
+def test_pipeline_equals_single(schedule, stages, microbatches):
+    chunks = 2 if schedule == "interleaved" else 1
+    check(
+        "lenet5",
+        strategy="pipeline",
+        devices=stages,
+        schedule=schedule,
+        microbatches=microbatches,
+        chunks=chunks,
+    )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "mlp",
+        pytest.param("transformer", marks=pytest.mark.slow),
+        pytest.param("lstm_lm", marks=pytest.mark.slow),
+    ],
+)
+def test_pipeline_other_models(model):
+    check(model, strategy="pipeline", devices=2, microbatches=2)

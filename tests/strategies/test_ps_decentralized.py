@@ -1,0 +1,483 @@
+"""Parameter-server and decentralized training, in one process and across real MPI ranks.
+
+Equivalence tolerances (fp32): parameters equal within rtol 1e-5 / atol 1e-6 when
+only the order of a sum changes (averaging worker means instead of one batch mean,
+neighbour sums in shift order instead of a dense matrix product).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import ROOT, stderr_lines
+from refdl.comm import topology
+from refdl.config.spec import RunSpec
+from refdl.errors import UsageError
+from refdl.parallel import processes as dist
+from refdl.run.build import build
+from refdl.run.checkpoint import load_leaves
+from refdl.run.loop import fit
+from refdl.strategies.decentralized import replica_mean
+from refdl.strategies.ps.ssp import simulate_trace, staleness_of
+
+RTOL, ATOL = 1e-5, 1e-6
+QUIET = {"progress": False, "eval_every": 0, "checkpoint_every": 0}
+MPI_TIMEOUT = 240  # seconds for any one mpirun job
+
+
+def params_of(leaves: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in leaves.items() if k.startswith(".params")}
+
+
+def assert_params_close(a: dict, b: dict, rtol: float = RTOL, atol: float = ATOL) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+def run_steps(steps: int, **kw):
+    """Build a run and take ``steps`` steps; the strategy and its gathered host state."""
+    run = build(RunSpec(**kw, progress=False))
+    state = run.strategy.init_state(0)
+    for t in range(steps):
+        state, _ = run.strategy.train_step(state, run.batch(t))
+    return run.strategy, run.strategy.gather_state(state)
+
+
+def leaves_close(a, b, rtol: float = RTOL, atol: float = ATOL) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+# ----------------------------------------------------------------- topologies
+
+
+@pytest.mark.parametrize("name,n", [("ring", 5), ("torus", 6), ("exp2", 8), ("complete", 4)])
+def test_metropolis_weights_are_doubly_stochastic(name, n):
+    a = topology.adjacency(name, n)
+    w = topology.metropolis(a)
+    np.testing.assert_allclose(w.sum(0), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w, w.T)
+    assert (np.diag(w) > 0).all() and ((w > 0) == (a | np.eye(n, dtype=bool))).all()
+
+
+def test_topology_degrees_and_spectral_gap_order():
+    assert topology.adjacency("ring", 8).sum(1).tolist() == [2] * 8
+    assert topology.adjacency("torus", 8).sum(1).tolist() == [3] * 8  # 2 x 4: the 2-ring is 1
+    assert topology.adjacency("exp2", 8).sum(1).tolist() == [5] * 8  # +-1, +-2, 4
+    gaps = [
+        topology.spectral_gap(topology.metropolis(topology.adjacency(t, 8)))
+        for t in ("ring", "torus", "complete")
+    ]
+    assert gaps[0] < gaps[1] < gaps[2] == pytest.approx(1.0)
+    # Ring of 8 with weights 1/3: eigenvalues (1 + 2 cos(2 pi k / 8)) / 3, gap 1 - (1+sqrt2)/3.
+    assert gaps[0] == pytest.approx(1 - (1 + np.sqrt(2)) / 3)
+
+
+def test_topology_errors_and_adjacency_file(tmp_path):
+    with pytest.raises(UsageError, match="torus needs a worker count"):
+        topology.adjacency("torus", 5)
+    with pytest.raises(UsageError, match="unknown --topology 'star'"):
+        topology.adjacency("star", 4)
+    f = tmp_path / "line.txt"
+    f.write_text("0 1 0\n1 0 1\n0 1 0\n")
+    a = topology.adjacency(str(f), 3)
+    assert a.sum() == 4 and topology.shifts(a) == [1, 2]
+    with pytest.raises(UsageError, match="3x3 but there are 4 workers"):
+        topology.adjacency(str(f), 4)
+    f.write_text("0 1 0\n1 0 0\n0 0 0\n")
+    with pytest.raises(UsageError, match="not connected"):
+        topology.adjacency(str(f), 3)
+
+
+def test_matchings_cover_every_edge_once():
+    a = topology.adjacency("torus", 6)
+    seen = set()
+    for m in topology.matchings(a):
+        for i, p in enumerate(m):
+            if p >= 0:
+                assert m[p] == i
+                seen.add((min(i, p), max(i, p)))
+    assert seen == {(i, j) for i in range(6) for j in range(i + 1, 6) if a[i, j]}
+
+
+# ------------------------------------------------------ decentralized, one process
+
+
+@pytest.mark.parametrize("order,topo", [("atc", "ring"), ("cta", "ring"), ("atc", "exp2")])
+def test_decentralized_devices_equal_serial_simulator(order, topo):
+    kw = {"model": "mlp", "topology": topo, "order": order, "strategy": "decentralized"}
+    _, par = run_steps(4, devices=8, **kw)
+    _, ser = run_steps(4, simulate=True, workers=8, **kw)
+    leaves_close(par.params, ser.params)
+
+
+def test_decentralized_gossip_devices_equal_serial_simulator():
+    kw = {"model": "mlp", "gossip": True, "strategy": "decentralized", "topology": "torus"}
+    strat, par = run_steps(4, devices=4, **kw)
+    _, ser = run_steps(4, simulate=True, workers=4, **kw)
+    leaves_close(par.params, ser.params)
+    consensus = strat.extra_metrics(strat.place_state(par))["consensus_distance"]
+    assert consensus > 0  # pairwise averaging never makes all replicas agree
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_decentralized_complete_atc_equals_data(optimizer):
+    kw = {"model": "mlp", "optimizer": optimizer}
+    strat, dec = run_steps(5, strategy="decentralized", devices=4, topology="complete", **kw)
+    _, data = run_steps(5, strategy="data", devices=4, **kw)
+    for i in range(4):  # every replica, not only their average
+        leaves_close(jax.tree.map(lambda x, i=i: x[i], dec.params), data.params)
+    assert strat.extra_metrics(strat.place_state(dec))["consensus_distance"] < 1e-10
+
+
+def test_decentralized_complete_cta_only_the_average_equals_data():
+    kw = {"model": "mlp", "optimizer": "sgd"}
+    # One step from identical replicas: the average is data's step exactly, the replicas
+    # are not (each took its own gradient after the averaging).
+    _, dec = run_steps(
+        1, strategy="decentralized", devices=4, topology="complete", order="cta", **kw
+    )
+    _, data = run_steps(1, strategy="data", devices=4, **kw)
+    leaves_close(replica_mean(dec.params), data.params)
+    gap = max(
+        float(np.max(np.abs(np.asarray(x)[0] - np.asarray(y))))
+        for x, y in zip(jax.tree.leaves(dec.params), jax.tree.leaves(data.params), strict=True)
+    )
+    assert gap > 1e-4
+
+
+def test_decentralized_ring_consensus_distance_is_reported(tmp_path):
+    s = fit(
+        RunSpec(
+            strategy="decentralized",
+            devices=4,
+            model="mlp",
+            steps=20,
+            log_every=5,
+            out=str(tmp_path),
+            **{**QUIET, "eval_every": 20},
+        )
+    )
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    assert all(r["consensus_distance"] > 0 for r in rows)
+    assert s["consensus_distance"] == rows[-1]["consensus_distance"]
+    assert s["spectral_gap"] == pytest.approx(1 - (1 + 2 * np.cos(np.pi / 2)) / 3)
+    assert s["test_accuracy"] > 0.5
+
+
+# --------------------------------------------------------- ps, one process
+
+
+def test_ps_simulated_sync_equals_single():
+    _, ps = run_steps(5, strategy="ps", simulate=True, workers=4, model="mlp")
+    _, single = run_steps(5, model="mlp")
+    leaves_close(ps.params, single.params)
+
+
+def test_ps_simulated_servers_shard_by_bytes():
+    strat, ps2 = run_steps(3, strategy="ps", simulate=True, workers=2, servers=2, model="mlp")
+    _, ps1 = run_steps(3, strategy="ps", simulate=True, workers=2, model="mlp")
+    leaves_close(ps2.params, ps1.params)
+    sizes = strat.layout.group_sizes
+    # Leaves are not split: the 256x256 kernel alone on one server, everything else on the other.
+    assert sizes == [256 * 256, strat.n_params - 256 * 256]
+
+
+def test_simulate_trace_ssp_bound_and_async_straggler():
+    slow = [3.0, 1.0, 1.0]  # worker 0 takes three times as long
+    for bound in (0, 1, 3):
+        trace = simulate_trace(3, 0, 30, bound, slow)
+        clocks, _ = staleness_of(trace, 3, 0)
+        assert len(trace) == 90 and max(clocks) == bound
+    clocks, _ = staleness_of(simulate_trace(3, 0, 30, float("inf"), slow), 3, 0)
+    assert max(clocks) > 10  # the fast workers run far ahead of the straggler
+    # Equal speeds, async: round robin; each gradient is 2 updates old after the first round.
+    trace = simulate_trace(3, 0, 4, float("inf"), [1.0, 1.0, 1.0])
+    assert [w for w, _, _ in trace] == [0, 1, 2] * 4
+    assert staleness_of(trace, 3, 0)[1] == [0, 1, 2] + [2] * 9
+
+
+def test_staleness_of_hand_computed():
+    # Worker 1 pushes clocks 0 and 1 while worker 0 is still on clock 0.
+    trace = [(1, 0, 0), (1, 1, 1), (0, 0, 0)]
+    clocks, updates = staleness_of(trace, 2, 0)
+    assert clocks == [0, 1, 0] and updates == [0, 0, 2]
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"strategy": "ps"}, "needs server and worker ranks"),
+        ({"strategy": "ps", "simulate": True, "ps_mode": "ssp"}, "needs --staleness"),
+        (
+            {"strategy": "ps", "simulate": True, "ps_mode": "ssp", "staleness": -1},
+            "--staleness must be an integer in [0, 1000000]",
+        ),
+        ({"strategy": "ps", "simulate": True, "model": "resnet"}, "BatchNorm"),
+        ({"strategy": "ps", "simulate": True, "workers": 3}, "does not split into 3"),
+        ({"strategy": "ps", "simulate": True, "straggler": "0:1"}, "is not a worker"),
+        (
+            {"strategy": "data", "topology": "ring", "devices": 2, "servers": 2},
+            "--servers is an option of --strategy ps",
+        ),
+        (
+            {"strategy": "decentralized", "devices": 3, "topology": "torus", "batch_size": 60},
+            "torus needs a worker count",
+        ),
+        (
+            {"strategy": "decentralized", "straggler": "1:x", "devices": 2},
+            "--straggler takes RANK:SECONDS",
+        ),
+    ],
+)
+def test_distributed_bad_input(kw, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        build(RunSpec(**kw))
+
+
+# ------------------------------------------------------------ real MPI ranks
+
+
+def mpirun(ranks: int, *args: str, out: Path, timeout: float = MPI_TIMEOUT):
+    """``mpirun -n RANKS python -m refdl.train ARGS --out OUT`` (bounded)."""
+    cmd = dist.mpirun_command(
+        ranks, ["-m", "refdl.train", *args, "--out", str(out), "--no-progress", "--timeout", "60"]
+    )
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dist.mpirun_env()
+    )
+
+
+def mpi_ok(proc) -> None:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def single_reference(tmp_path_factory, name: str, *args: str) -> Path:
+    out = tmp_path_factory.mktemp(name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "refdl.train", *args, "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+SHORT = ("--model", "mlp", "--steps", "8", "--eval-every", "0", "--batch-size", "60")
+
+
+@pytest.fixture(scope="module")
+def single_short(tmp_path_factory):
+    return single_reference(tmp_path_factory, "single", *SHORT)
+
+
+@pytest.mark.mpi
+def test_mpi_data_two_processes_equal_single(tmp_path, tmp_path_factory):
+    out = tmp_path / "data"
+    ref = single_reference(
+        tmp_path_factory, "single64", "--model", "mlp", "--steps", "8", "--eval-every", "0"
+    )
+    mpi_ok(
+        mpirun(
+            2, "--strategy", "data", "--model", "mlp", "--steps", "8", "--eval-every", "0", out=out
+        )
+    )
+    assert_params_close(params_of(load_leaves(out)), params_of(load_leaves(ref)))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["devices"] == 2 and s["mesh"]["data"] == 2
+
+
+@pytest.mark.mpi
+def test_mpi_ps_sync_equals_single_and_sharded_equals_sync(tmp_path, single_short):
+    one, two = tmp_path / "k1", tmp_path / "k2"
+    mpi_ok(mpirun(3, "--strategy", "ps", *SHORT, out=one))  # 1 server, 2 workers
+    ref = params_of(load_leaves(single_short))
+    assert_params_close(params_of(load_leaves(one)), ref)
+    mpi_ok(mpirun(4, "--strategy", "ps", "--servers", "2", *SHORT, out=two))  # 2 + 2
+    assert_params_close(params_of(load_leaves(two)), params_of(load_leaves(one)))
+    s = json.loads((two / "summary.json").read_text())
+    assert s["servers"] == 2 and s["workers"] == 2 and s["staleness_max"] == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_mpi_ps_async_and_ssp_reach_the_single_band_and_replay(tmp_path, tmp_path_factory, mode):
+    """Within 0.03 of single's test accuracy (mlp, 100 steps of 60); the
+    recorded arrival order replayed in one process gives the same parameters; SSP's
+    recorded clock staleness never exceeds S."""
+    common = ("--model", "mlp", "--steps", "100", "--batch-size", "60", "--eval-every", "0")
+    extra = ("--ps-mode", "ssp", "--staleness", "1") if mode == "ssp" else ("--ps-mode", "async")
+    ref = single_reference(tmp_path_factory, f"single_{mode}", *common)
+    out = tmp_path / mode
+    mpi_ok(mpirun(3, "--strategy", "ps", *common, *extra, "--straggler", "1:0.005", out=out))
+    s = json.loads((out / "summary.json").read_text())
+    base = json.loads((ref / "summary.json").read_text())
+    assert s["test_accuracy"] >= base["test_accuracy"] - 0.03
+    hist = {int(k): v for k, v in s["staleness_histogram"].items()}
+    assert sum(hist.values()) == 2 * 100
+    if mode == "ssp":
+        assert max(hist) <= 1 and s["staleness_max"] <= 1
+    replay = tmp_path / "replay"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "refdl.train",
+            "--strategy",
+            "ps",
+            "--simulate",
+            "--workers",
+            "2",
+            *common,
+            *extra,
+            "--ps-trace",
+            str(out / "summary.json"),
+            "--out",
+            str(replay),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_params_close(params_of(load_leaves(replay)), params_of(load_leaves(out)))
+    r = json.loads((replay / "summary.json").read_text())
+    assert r["staleness_histogram"] == s["staleness_histogram"]
+
+
+@pytest.mark.mpi
+def test_mpi_decentralized_equals_serial_and_complete_sgd_equals_data(tmp_path, single_short):
+    ring = tmp_path / "ring"
+    mpi_ok(
+        mpirun(
+            4,
+            "--strategy",
+            "decentralized",
+            "--model",
+            "mlp",
+            "--steps",
+            "6",
+            "--eval-every",
+            "0",
+            "--batch-size",
+            "60",
+            "--topology",
+            "torus",
+            out=ring,
+        )
+    )
+    serial = fit(
+        RunSpec(
+            strategy="decentralized",
+            simulate=True,
+            workers=4,
+            model="mlp",
+            steps=6,
+            batch_size=60,
+            topology="torus",
+            out=str(tmp_path / "ser"),
+            **QUIET,
+        )
+    )
+    assert_params_close(params_of(load_leaves(ring)), params_of(load_leaves(tmp_path / "ser")))
+    s = json.loads((ring / "summary.json").read_text())
+    assert s["consensus_distance"] == pytest.approx(serial["consensus_distance"], rel=1e-3)
+    comp = tmp_path / "complete"
+    mpi_ok(
+        mpirun(
+            3,
+            "--strategy",
+            "decentralized",
+            *SHORT,
+            "--topology",
+            "complete",
+            "--optimizer",
+            "sgd",
+            out=comp,
+        )
+    )
+    ref = fit(
+        RunSpec(
+            strategy="data",
+            devices=3,
+            model="mlp",
+            steps=8,
+            batch_size=60,
+            optimizer="sgd",
+            out=str(tmp_path / "data"),
+            **QUIET,
+        )
+    )
+    assert ref["steps"] == 8
+    dec, data = params_of(load_leaves(comp)), params_of(load_leaves(tmp_path / "data"))
+    for k in data:
+        for i in range(3):
+            np.testing.assert_allclose(dec[k][i], data[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "ranks,args,message",
+    [
+        (2, ("--strategy", "ps", "--servers", "2"), "--servers 2 leaves no worker among 2"),
+        (
+            3,
+            ("--strategy", "decentralized", "--topology", "torus", "--batch-size", "60"),
+            "torus needs a worker",
+        ),
+        (2, ("--strategy", "ps", "--ps-mode", "ssp", "--staleness", "-1"), "--staleness must"),
+        (2, ("--strategy", "pipeline"), "runs in one process"),
+    ],
+)
+def test_mpi_bad_input_every_rank_exits_2(tmp_path, ranks, args, message):
+    proc = mpirun(ranks, *args, out=tmp_path / "bad", timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in stderr_lines(proc) if "refdl.train: error:" in ln]
+    assert len(lines) == ranks and all(message in ln for ln in lines), proc.stderr[-3000:]
+    assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+@pytest.mark.mpi
+def test_mpi_hung_peer_aborts_every_rank_after_timeout(tmp_path):
+    """Rank 1 sleeps 600 s inside its step; rank 0 waits in the exchange, and after
+    --timeout the watchdogs end the job with one line instead of hanging forever."""
+    cmd = dist.mpirun_command(
+        2,
+        [
+            "-m",
+            "refdl.train",
+            "--strategy",
+            "decentralized",
+            "--model",
+            "mlp",
+            "--steps",
+            "5",
+            "--straggler",
+            "1:600",
+            "--timeout",
+            "8",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "hang"),
+        ],
+    )
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=dist.mpirun_env()
+    )
+    assert proc.returncode != 0
+    assert re.search(r"rank \d/2 made no progress for \d+ s \(limit --timeout 8\)", proc.stderr)
