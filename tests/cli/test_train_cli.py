@@ -169,3 +169,77 @@ def test_acceptance_language_models_full_size(tmp_path, model):
     assert proc.returncode == 0, proc.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["test_perplexity"] < 0.5 * s["unigram_test_perplexity"]
+
+
+def summary_of(out) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_main_job_is_a_hybrid_and_resume_needs_no_flags(tmp_path):
+    """``--strategy hybrid`` alone runs data=2 x model=2 x pipe=2 on 8 simulated devices;
+    ``--resume DIR`` continues it as it was started and ends bit-identical."""
+    quiet = ("--eval-every", "0", "--no-progress")
+    full = run_cli("--strategy", "hybrid", "--steps", "12", "--out", str(tmp_path / "a"), *quiet)
+    assert full.returncode == 0, full.stderr
+    assert "hybrid on 8 simulated CPU devices, mesh data=2 x model=2 x pipe=2" in full.stderr
+    a = summary_of(tmp_path / "a")
+    assert a["mesh"] == {"data": 2, "model": 2, "pipe": 2} and a["devices"] == 8
+    half = run_cli("--strategy", "hybrid", "--steps", "6", "--out", str(tmp_path / "b"), *quiet)
+    assert half.returncode == 0, half.stderr
+    res = run_cli("--resume", str(tmp_path / "b"), "--steps", "12", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    b = summary_of(tmp_path / "b")
+    assert b["resumed_from_step"] == 6 and b["mesh"] == a["mesh"] and b["devices"] == 8
+    assert b["params_l2_norm"] == a["params_l2_norm"]  # same programs, same order: bit-equal
+
+
+def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
+    base = ("--strategy", "data", "--devices", "4", "--model", "mlp", "--eval-every", "0",
+            "--no-progress")  # fmt: skip
+    assert run_cli(*base, "--steps", "10", "--out", str(tmp_path / "a")).returncode == 0
+    assert run_cli(*base, "--steps", "5", "--out", str(tmp_path / "b")).returncode == 0
+    res = run_cli("--resume", str(tmp_path / "b"), "--steps", "10", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    a, b = summary_of(tmp_path / "a"), summary_of(tmp_path / "b")
+    assert b["devices"] == 4 and b["mesh"] == {"data": 4, "model": 1, "pipe": 1}
+    assert b["params_l2_norm"] == a["params_l2_norm"]
+    # flags given again must agree; the message names each one that does not
+    bad = run_cli("--resume", str(tmp_path / "b"), "--devices", "2", "--model", "lenet5")
+    assert bad.returncode == 2
+    line = stderr_lines(bad)[0]
+    assert "--devices 2 (the run has 4)" in line and "--model 'lenet5' (the run has 'mlp')" in line
+    same = run_cli("--resume", str(tmp_path / "b"), "--devices", "4", "--steps", "12",
+                   "--no-progress")  # fmt: skip
+    assert same.returncode == 0, same.stderr
+
+
+def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from refdl.run.report import TB_TAGS
+
+    proc = run_cli("--strategy", "pipeline", "--devices", "2", "--model", "mlp", "--steps", "20",
+                   "--log-every", "5", "--eval-every", "10", "--out", str(tmp_path),
+                   "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for key in ("loss", "lr", "test_accuracy", "step_time_s", "samples_per_second",
+                "comm_bytes", "bubble_fraction_measured"):  # fmt: skip
+        assert TB_TAGS[key] in tags, key
+        logged = {r["step"]: r[key] for r in rows if key in r}
+        seen = {e.step: e.value for e in events.Scalars(TB_TAGS[key])}
+        assert seen.keys() == logged.keys(), key
+        for step, value in logged.items():
+            assert seen[step] == pytest.approx(value, rel=1e-6), (key, step)
+
+
+@pytest.mark.slow
+def test_acceptance_main_job(tmp_path):
+    """The README's first command: the hybrid main job reaches the accuracy bar."""
+    proc = run_cli("--strategy", "hybrid", "--out", str(tmp_path), "--no-progress", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    s = summary_of(tmp_path)
+    assert sum(d > 1 for d in s["mesh"].values()) >= 2 and s["test_accuracy"] >= 0.9

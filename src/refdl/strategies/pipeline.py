@@ -64,6 +64,10 @@ class Pipeline(Strategy):
         self.p, self.v, self.m = p, v, m
         self.k_last = p * v - 1
         self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
+        self.shardings = [
+            self.state_sharding(k, self.stage_state(self.abstract, k))
+            for k in range(len(self.chunks))
+        ]
         self._jit()
 
     def act_sharding(self, k: int) -> NamedSharding:
@@ -123,30 +127,33 @@ class Pipeline(Strategy):
 
         self._fns = [make(c, k == self.k_last) for k, c in enumerate(self.chunks)]
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-        self._update = jax.jit(self.task.apply_gradients, donate_argnums=0)
+        # Each stage's update returns its state with the shardings it was placed with, so a
+        # state restored from a checkpoint runs the very programs an uninterrupted run does.
+        self._updates = [
+            jax.jit(self.task.apply_gradients, donate_argnums=0, out_shardings=sh)
+            for sh in self.shardings
+        ]
 
     # -- state: one TrainState per virtual stage, on its device ------------------------------
 
+    def stage_state(self, state: TrainState, k: int) -> TrainState:
+        """Virtual stage ``k``'s part of a whole state (host arrays or abstract shapes): its
+        layers' parameters, model state and optimizer moments, the shared step and RNG."""
+        keys = self.chunks[k].keys
+        params = {key: state.params[key] for key in keys}
+        by_path = _by_path(state.opt_state)
+        opt = jax.tree_util.tree_map_with_path(
+            lambda path, _: by_path[jax.tree_util.keystr(path)],
+            jax.eval_shape(self.task.optimizer.init, params),
+        )
+        model_state = {key: v for key, v in state.model_state.items() if key in keys}
+        return TrainState(state.step, params, model_state, opt, state.rng)
+
     def place_state(self, host_state: TrainState) -> TrainState:
-        by_path = _by_path(host_state.opt_state)
-        states = []
-        for k, chunk in enumerate(self.chunks):
-            params = {key: host_state.params[key] for key in chunk.keys}
-            opt_shape = jax.eval_shape(self.task.optimizer.init, params)
-            opt = jax.tree_util.tree_map_with_path(
-                lambda path, _: by_path[jax.tree_util.keystr(path)], opt_shape
-            )
-            st = TrainState(
-                step=host_state.step,
-                params=params,
-                model_state={
-                    key: v for key, v in host_state.model_state.items() if key in chunk.keys
-                },
-                opt_state=opt,
-                rng=host_state.rng,
-            )
-            states.append(jax.device_put(st, self.state_sharding(k, st)))
-        return states  # type: ignore[return-value]
+        return [  # type: ignore[return-value]
+            jax.device_put(self.stage_state(host_state, k), self.shardings[k])
+            for k in range(len(self.chunks))
+        ]
 
     def gather_state(self, state: Any) -> TrainState:
         host = [jax.device_get(s) for s in state]
@@ -232,7 +239,8 @@ class Pipeline(Strategy):
                 timeline.append((s, name, start, time.perf_counter() - t0))
         total = time.perf_counter() - t0
         state = [
-            self._update(st, g, ms) for st, g, ms in zip(state, gsum, new_model_state, strict=True)
+            update(st, g, ms)
+            for update, st, g, ms in zip(self._updates, state, gsum, new_model_state, strict=True)
         ]
         jax.block_until_ready(state)
         busy = sum(end - begin for _, _, begin, end in timeline)
