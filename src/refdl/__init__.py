@@ -1,8 +1,57 @@
 """refdl: a pure-JAX reference implementation of parallel and distributed training.
 
-Importing the package is cheap and does not import JAX, so that
-``python -m refdl.train --devices 8`` can configure the simulated devices
-before JAX starts.
+The library's public surface (docs/library.md), importable from here:
+
+    import refdl
+    spec = refdl.RunSpec(strategy="data", devices=4, model="mlp")
+    summary = refdl.fit(spec)                    # train, with logs and checkpoints
+    traj = refdl.run_steps(spec, 5)              # or just take 5 steps
+    refdl.assert_equivalent(spec)                # equal to the single-device reference?
+
+Importing the package is cheap and starts nothing: each name is imported on first
+use, so ``import refdl`` does not pull in JAX (and a CLI can still choose the
+simulated device count before JAX's backend starts).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "RunSpec": "refdl.config.spec",
+    "MeshSpec": "refdl.config.mesh",
+    "Traits": "refdl.config.plan",
+    "Plan": "refdl.config.plan",
+    "Option": "refdl.config.values",
+    "ModelDef": "refdl.models.base",
+    "register_model": "refdl.models.base",
+    "Strategy": "refdl.strategies.base",
+    "register_strategy": "refdl.strategies.base",
+    "build": "refdl.run.build",
+    "trajectory": "refdl.run.trajectory",
+    "run_steps": "refdl.run.trajectory",
+    "fit": "refdl.run.loop",
+    "assert_equivalent": "refdl.testing",
+    "compare": "refdl.core.compare",
+    "register_shape_model": "refdl.perf.zoo",
+    "predict_steps": "refdl.predict",
+    "UsageError": "refdl.errors",
+}
+_ALIASES = {"register_model": "register", "register_strategy": "register"}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'refdl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), _ALIASES.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

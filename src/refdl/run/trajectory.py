@@ -87,7 +87,9 @@ class Trajectory:
 
     @property
     def params(self) -> Any:
-        return self.state.params
+        """The parameters of the model the run trains (the replicas' average where a
+        strategy keeps replicas: ``Strategy.eval_state``)."""
+        return self.run.strategy.eval_state(self.state).params
 
 
 def run_steps(spec: RunSpec, steps: int | None = None, seed: int | None = None) -> Trajectory:
