@@ -17,7 +17,7 @@ LAYERS = {
     "refdl.hw": 4,
     "refdl.run": 5, "refdl.adapters": 5,
     "refdl.testing": 6, "refdl.validate": 6, "refdl.bench": 6, "refdl.train": 6,
-    "refdl.predict": 6, "refdl.__main__": 6, "refdl": 6,
+    "refdl.predict": 6, "refdl.launch": 6, "refdl.__main__": 6, "refdl": 6,
 }  # fmt: skip
 
 

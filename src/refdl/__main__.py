@@ -15,6 +15,7 @@ import sys
 
 COMMANDS = {
     "train": ("refdl.train", "train a model with a parallelism strategy"),
+    "launch": ("refdl.launch", "run a command on N ranks under mpirun (signals handled)"),
     "predict": ("refdl.predict", "predict step time, scaling and collectives from a profile"),
     "validate": ("refdl.validate.__main__", "check a framework's training against refdl"),
     "bench": ("refdl.bench.__main__", "benchmarks: recipes, compare, predict-vs-measure"),

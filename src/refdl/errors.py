@@ -2,7 +2,11 @@
 
 
 class UsageError(ValueError):
-    """Bad input from the user: the message says what is wrong and what to do."""
+    """Bad input from the user: the message says what is wrong and what to do, on one
+    line (text from elsewhere, e.g. a library's exception, is folded into it)."""
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(" ".join(str(message).split()))
 
 
 class DataError(UsageError):
@@ -20,3 +24,8 @@ class Interrupted(Exception):
     def __init__(self, signum: int, checkpoint: object = None) -> None:
         super().__init__(f"interrupted by signal {signum}")
         self.signum, self.checkpoint = signum, checkpoint
+
+
+class WriteError(RuntimeError):
+    """A run's file could not be written (disk full, unwritable); the message names the
+    last good checkpoint. The CLI prints it as one line and exits 1."""

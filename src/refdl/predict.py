@@ -27,6 +27,8 @@ from typing import Any, NoReturn
 
 from refdl import hw
 from refdl.bench import plots
+from refdl.config.paths import writable_file
+from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf import PredictOptions
@@ -59,11 +61,18 @@ def predict_steps(
     """The prediction rows for each worker count (see the module docstring)."""
     profile = hw.load(hw_name)
     formula = COSTS.get(strategy)
-    if scaling not in ("strong", "weak"):
-        raise UsageError(f"--scaling {scaling!r}: choose strong or weak")
-    if batch_size <= 0 or any(w <= 0 for w in workers):
-        raise UsageError("--batch-size and --workers must be > 0")
-    opts = opts or PredictOptions()
+    for flag, value, kind in (("--scaling", scaling, Choice(("strong", "weak"))),
+                              ("--batch-size", batch_size, Int(min=1, max=10**9))):  # fmt: skip
+        if problem := kind.problem(value):
+            raise UsageError(f"{flag} must be {problem}")
+    if not workers or any(Int(min=1, max=1 << 20).problem(w) for w in workers):
+        raise UsageError(f"--workers must be integers >= 1 (got {workers})")
+    opts = (opts or PredictOptions()).validate()
+    if strategy == "ps" and opts.servers > max(workers):
+        raise UsageError(
+            f"--servers {opts.servers} exceeds --workers {max(workers)}: a server per worker "
+            "at most"
+        )
     m = model_cost(model)
     rows: list[dict[str, Any]] = []
     base = None
@@ -132,11 +141,11 @@ def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
     try:
         workers = _ints(args.workers)
-        if not 0 <= args.overlap <= 1:
-            raise UsageError(f"--overlap must be in [0, 1] (got {args.overlap})")
         words = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
         if args.optimizer not in words:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
+        if args.plot:
+            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=args.microbatches,
@@ -156,7 +165,11 @@ def _step_main(argv: list[str]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.plot:
-        plots.scaling(rows, args.plot)
+        try:
+            plots.scaling(rows, args.plot)
+        except OSError as e:
+            print(f"{PROG}: error: cannot write {args.plot} ({e.strerror or e})", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--algo", default="ring")
     c.add_argument("--hw", required=True, help="profile name or .toml path")
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
-    c.add_argument("--bytes", type=float, required=True)
+    c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
     c.add_argument("--json", action="store_true")
     sub.add_parser("profiles", help="list the shipped hardware profiles")
     sub.add_parser("models", help="list the models: shape-only paper models and refdl's")
@@ -232,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         profile = hw.load(args.hw)
         workers = _ints(args.workers)
+        if problem := Float(min=0.0).problem(args.bytes):
+            raise UsageError(f"--bytes must be {problem}")
         rows = []
         for w in workers:
             link = profile.link(w)

@@ -1,6 +1,6 @@
 """Helpers for research code and tests: does a strategy compute what the reference computes?
 
-    from refdl.config import RunSpec
+    from refdl import RunSpec
     from refdl.testing import assert_equivalent
 
     assert_equivalent(RunSpec(strategy="data", devices=4, model="mlp", batch_size=32))

@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from refdl.config.choices import PIPELINE_SCHEDULES
-from refdl.errors import DivergedError, Interrupted, UsageError
-from refdl.parallel import processes
+from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
+from refdl.parallel.signals import STOPPER
+
+# Only light modules are imported above, so SIGINT/SIGTERM are handled from the first
+# moments of `python -m refdl.train` (main() installs the handlers before anything else);
+# the rest (JAX among them) is imported inside the functions that need it.
 
 PROG = "refdl.train"
 MAIN_JOB_MESH = "data=2,model=2,pipe=2"  # the main job on a CPU host: 8 simulated devices
@@ -185,12 +189,11 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     """With ``--resume``: the run's own settings, then the flags given again (which must
     agree on everything but how long and how loudly the run goes)."""
     from refdl.config.spec import differing, flag
+    from refdl.parallel import processes
     from refdl.run import checkpoint
 
-    path = checkpoint.resolve(explicit["resume"])
-    saved = checkpoint.read_meta(path).get("spec")
-    if not isinstance(saved, dict):
-        raise UsageError(f"--resume {path}: the checkpoint records no run settings")
+    choice = checkpoint.resolve(explicit["resume"])  # the newest checkpoint that verifies
+    path, saved = choice.path, choice.meta["spec"]
     if processes.under_mpi() and "devices" not in explicit:
         explicit = {**explicit, "devices": processes.launched_size()}
     diff = differing(saved, explicit)
@@ -210,6 +213,8 @@ def choose_devices(settings: dict[str, Any]) -> dict[str, Any]:
     """Decide the device count before JAX starts its backend: the ranks under mpirun; the
     main job's 8 simulated devices (or every accelerator) for a bare ``--strategy hybrid``;
     the product of a ``--mesh`` given without ``--devices``; else ``--devices``."""
+    from refdl.parallel import processes
+
     if processes.under_mpi():  # one device per rank; the ranks are the devices
         processes.one_device_per_rank()
         return {"devices": processes.launched_size(), **settings}
@@ -241,14 +246,10 @@ def choose_devices(settings: dict[str, Any]) -> dict[str, Any]:
 
 def check_plot_path(path: str | None) -> None:
     """``--plot-schedule``'s file must be writable before the run starts, not after."""
-    if path is None:
-        return
-    p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
-    if p.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise UsageError(f"--plot-schedule {path}: give a .png, .pdf or .svg file")
-    if p.is_dir() or (folder.exists() and not os.access(folder, os.W_OK)):
-        raise UsageError(f"--plot-schedule {path}: cannot write there")
+    from refdl.config.paths import writable_file
+
+    if path is not None:
+        writable_file(path, "--plot-schedule", (".png", ".pdf", ".svg"))
 
 
 def plot_schedule(summary: dict[str, Any], path: str) -> str | None:
@@ -289,6 +290,16 @@ def print_list() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, train, print where the results are; returns the exit status."""
+    STOPPER.install(exit_as=PROG)  # SIGINT/SIGTERM from here on: one line, 130/143
+    try:
+        return _main(argv)
+    except Interrupted as e:  # before the loop started: nothing to save
+        print(f"{PROG}: interrupted by {signal.Signals(e.signum).name} before training began",
+              file=sys.stderr)  # fmt: skip
+        return 128 + e.signum
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "list", False):
         print_list()
@@ -305,24 +316,32 @@ def main(argv: list[str] | None = None) -> int:
         summary = fit(RunSpec.from_dict(settings, "the flags"))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        from refdl.parallel import processes
+
         processes.settle_before_exit()  # every rank prints its line before the launcher ends
         return 2
-    except DivergedError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+    except (DivergedError, WriteError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except Interrupted as e:
+        name = signal.Signals(e.signum).name
         where = f"; continue from {e.checkpoint} with --resume" if e.checkpoint else ""
-        print(f"{PROG}: interrupted{where}", file=sys.stderr)
+        print(f"{PROG}: interrupted by {name}{where}", file=sys.stderr, flush=True)
         return 128 + e.signum
     if not summary:  # a rank other than 0 under mpirun: rank 0 reports
         return 0
     if settings.get("plot_schedule"):
-        drawn = plot_schedule(summary, settings["plot_schedule"])
-        if drawn:
-            from refdl.run.report import write_json
+        try:
+            drawn = plot_schedule(summary, settings["plot_schedule"])
+            if drawn:
+                from refdl.run.report import write_json
 
-            summary["schedule_plot"] = drawn
-            write_json(Path(summary["run_dir"]) / "summary.json", summary)
+                summary["schedule_plot"] = drawn
+                write_json(Path(summary["run_dir"]) / "summary.json", summary)
+        except OSError as e:
+            print(f"{PROG}: error: cannot write {e.filename} ({e.strerror or e}); the run's "
+                  f"results are in {summary['run_dir']}", file=sys.stderr)  # fmt: skip
+            return 1
     keys = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
     shown = ", ".join(f"{k} {summary[k]:.4g}" for k in keys if summary.get(k) is not None)
     print(

@@ -134,9 +134,10 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(back), strict=True):
         np.testing.assert_array_equal(a, b)
         assert np.asarray(a).dtype == np.asarray(b).dtype
-    # a half-written checkpoint (no commit marker) is never taken as the latest
+    # an empty (half-made) checkpoint folder is skipped, and the report says why
     (tmp_path / "step_0000009").mkdir()
-    assert checkpoint.resolve(tmp_path) == path
+    choice = checkpoint.resolve(tmp_path)
+    assert choice.path == path and choice.skipped == (("step_0000009", "meta.json is missing"),)
     other = to_host(build(RunSpec(model="mlp", optimizer="sgd")).task.init_state(0))
     with pytest.raises(UsageError, match="does not match"):
         checkpoint.restore(path, other)

@@ -49,6 +49,9 @@ def run_main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"refdl.bench run: error: {e}", file=sys.stderr)
         return 2
+    except recipes.RecipeFailed as e:
+        print(f"refdl.bench run: {e}", file=sys.stderr)
+        return 1
     for r in results:
         if args.json:
             print(json.dumps(r, indent=2))

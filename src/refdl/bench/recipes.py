@@ -42,11 +42,21 @@ from pathlib import Path
 from typing import Any
 
 from refdl.bench.metrics import METRICS, from_run, read_run
+from refdl.config.values import Float
 from refdl.errors import UsageError
 from refdl.parallel.processes import mpirun_command, mpirun_env
 
 SECTIONS = ("recipe", "fixed", "mutable", "acceptable", "options")
-OPTIONS = {"target_accuracy": float, "timeout": float}
+# [options], each with its declared value type (refdl.config.values)
+OPTIONS = {
+    "target_accuracy": Float(min=0.0, max=1.0),
+    "timeout": Float(min=0.0, min_open=True, max=1e6),
+}
+BOUND = Float()  # a metric's min or max
+
+
+class RecipeFailed(RuntimeError):
+    """The recipe's run failed (not bad input): one line, exit status 1."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +95,30 @@ def _like(key: str, raw: Any, default: Any) -> Any:
     try:
         if isinstance(default, bool):
             return raw.lower() in ("1", "true", "yes")
+        if isinstance(default, list):
+            return [v.strip() for v in raw.split(",") if v.strip()]
         return type(default)(raw)
     except ValueError:
         raise UsageError(f"--set {key}={raw!r}: expected a value like {default!r}") from None
+
+
+def _table(raw: dict, name: str, path: str | Path) -> dict[str, Any]:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        raise UsageError(f"recipe {path}: [{name}] must be a table of KEY = VALUE lines")
+    return dict(value)
+
+
+def _setting(key: str, value: Any, section: str, path: str | Path) -> Any:
+    """A [fixed] or [mutable] value: a flag's text, number, true/false or list of texts."""
+    scalar = (str, int, float, bool)
+    if isinstance(value, scalar) or (
+        isinstance(value, list) and all(isinstance(v, scalar) for v in value)
+    ):
+        return value
+    raise UsageError(
+        f"recipe {path}: [{section}] {key} must be a text, a number, true/false or a list"
+    )
 
 
 def load(path: str | Path) -> Recipe:
@@ -96,21 +127,24 @@ def load(path: str | Path) -> Recipe:
     if not p.is_file():
         raise UsageError(f"recipe {path}: no such file")
     try:
-        raw = tomllib.loads(p.read_text())
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"recipe {path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"recipe {path}: not valid TOML ({e})") from None
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise UsageError(f"recipe {path}: unknown section(s) {unknown}; use {', '.join(SECTIONS)}")
-    head = raw.get("recipe", {})
-    fixed, mutable = dict(raw.get("fixed", {})), dict(raw.get("mutable", {}))
+    head = _table(raw, "recipe", p)
+    fixed = {k: _setting(k, v, "fixed", p) for k, v in _table(raw, "fixed", p).items()}
+    mutable = {k: _setting(k, v, "mutable", p) for k, v in _table(raw, "mutable", p).items()}
     both = sorted(set(fixed) & set(mutable))
     if both:
         raise UsageError(f"recipe {path}: {both} both fixed and mutable; keep each in one")
     if "model" not in fixed:
         raise UsageError(f"recipe {path}: [fixed] must name the model")
     acceptable: dict[str, dict[str, float]] = {}
-    for metric, bounds in raw.get("acceptable", {}).items():
+    for metric, bounds in _table(raw, "acceptable", p).items():
         if metric not in METRICS:
             raise UsageError(
                 f"recipe {path}: [acceptable] {metric} is not a metric; known: {', '.join(METRICS)}"
@@ -118,14 +152,19 @@ def load(path: str | Path) -> Recipe:
         if not isinstance(bounds, dict) or not bounds or set(bounds) - {"min", "max"}:
             raise UsageError(f"recipe {path}: [acceptable] {metric} needs {{ min = ... }} "
                              "and/or { max = ... }")  # fmt: skip
+        for key, value in bounds.items():
+            if problem := BOUND.problem(value):
+                raise UsageError(f"recipe {path}: [acceptable] {metric} {key} must be {problem}")
         acceptable[metric] = {k: float(v) for k, v in bounds.items()}
     if not acceptable:
         raise UsageError(f"recipe {path}: [acceptable] names no metric")
-    options = dict(raw.get("options", {}))
+    options = _table(raw, "options", p)
     for key, value in options.items():
         if key not in OPTIONS:
             raise UsageError(f"recipe {path}: unknown option {key!r}; known: {', '.join(OPTIONS)}")
-        options[key] = OPTIONS[key](value)
+        if problem := OPTIONS[key].problem(value):
+            raise UsageError(f"recipe {path}: [options] {key} must be {problem}")
+        options[key] = float(value)
     if "TimeToAccuracy" in acceptable and "target_accuracy" not in options:
         raise UsageError(f"recipe {path}: TimeToAccuracy needs [options] target_accuracy")
     return Recipe(
@@ -193,9 +232,8 @@ def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise UsageError(f"recipe {recipe.name}: the run refused its settings: {last}")
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"recipe {recipe.name}: the run failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
-        )
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise RecipeFailed(f"recipe {recipe.name}: the run failed (exit {proc.returncode}): {last}")
     summary, rows = read_run(out_dir)
     metrics = from_run(summary, rows, recipe.options.get("target_accuracy"))
     checks = check(recipe, metrics)

@@ -12,6 +12,7 @@ Neighbour exchange is written as cyclic shifts: for shift s, worker j sends to
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +66,10 @@ def _read_adjacency(path: str, n: int) -> np.ndarray:
             "adjacency file (n lines of n 0/1 numbers)"
         )
     try:
-        m = np.loadtxt(p, ndmin=2)
-    except ValueError as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty file: refused below, in one line
+            m = np.loadtxt(p, ndmin=2)
+    except (ValueError, UnicodeDecodeError, OSError) as e:
         raise UsageError(f"--topology {path}: not a matrix of 0/1 numbers ({e})") from None
     if m.shape != (n, n):
         raise UsageError(

@@ -1,8 +1,7 @@
-"""Configuration: what a run is (``RunSpec``), its mesh (``MeshSpec``), the logical-axis
-rules, and every check of them (``plan``), all without data or devices."""
+"""Configuration: what a run is (``spec.RunSpec``), its mesh (``mesh.MeshSpec``), the
+logical-axis rules (``rules``), the vocabulary (``choices``), declared value types
+(``values``) and every check of them (``plan``), all without data or devices.
 
-from refdl.config.mesh import AXES, MeshSpec
-from refdl.config.plan import ModelShape, Plan, Traits, plan
-from refdl.config.spec import RunSpec
-
-__all__ = ["AXES", "MeshSpec", "ModelShape", "Plan", "RunSpec", "Traits", "plan"]
+Importing the package itself imports nothing, so a CLI can read ``choices`` before
+JAX is loaded; import the modules (or the names ``refdl`` exports).
+"""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refdl.config.paths import writable_folder
+from refdl.config.values import Int
 from refdl.data import load_dataset
 from refdl.data.store import write_zarr
 from refdl.errors import UsageError
@@ -28,11 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--chunk", type=int, default=256)
     args = parser.parse_args(argv)
     try:
+        if problem := Int(min=1, max=1 << 20).problem(args.chunk):
+            raise UsageError(f"--chunk must be {problem}")
+        writable_folder(args.out, "--out")
         ds = load_dataset(args.dataset, args.data_dir)
-        path = write_zarr(ds, args.out, args.chunk)
     except UsageError as e:
         print(f"refdl.data: error: {e}", file=sys.stderr)
         return 2
+    try:
+        path = write_zarr(ds, args.out, args.chunk)
+    except (OSError, ValueError) as e:  # tensorstore reports a failed write as ValueError
+        print(f"refdl.data: error: cannot write {args.out} ({e})", file=sys.stderr)
+        return 1
     print(f"wrote {ds.info.train_size} train + {ds.info.test_size} test examples to {path}")
     return 0
 

@@ -19,6 +19,7 @@ import collections
 import gzip
 import pickle
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     try:
         with _open(path) as f:
             raw = f.read()
+    except (EOFError, zlib.error) as e:
+        raise DataError(f"{path}: damaged or truncated gzip file ({e})") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
@@ -102,6 +105,9 @@ def _idx_pair(data_dir: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{images_path}: expected [N, H, W] images, got shape {images.shape}")
     if labels.ndim != 1 or len(labels) != len(images):
         raise DataError(f"{labels_path}: {labels.shape} labels do not match {len(images)} images")
+    if len(images) == 0:
+        raise DataError(f"{images_path}: holds no examples")
+    check_labels(labels_path, labels.astype(np.int64))
     x = (images.astype(np.float32) / 255.0)[..., None]
     return x, labels.astype(np.int32)
 
@@ -116,23 +122,61 @@ def load_idx_dataset(data_dir: str, name: str = "mnist") -> ArrayDataset:
     return ArrayDataset(info, train, test)
 
 
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles only what a CIFAR batch holds - dicts, lists, strings, bytes, numbers and
+    NumPy arrays - and refuses every other global, so a crafted file cannot run code:
+    ``find_class`` is the only way a pickle reaches a callable."""
+
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("numpy.core.multiarray", "scalar"),
+            ("numpy._core.multiarray", "scalar"),
+        }
+    )
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: data files are data")
+
+
 def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """One CIFAR-10 python batch: images ``[N, 32, 32, 3]`` uint8 and labels."""
+    """One CIFAR-10 python batch: images ``[N, 32, 32, 3]`` uint8 and labels (read with
+    ``_BatchUnpickler``: nothing in the file is executed)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
+            d = _BatchUnpickler(f, encoding="bytes").load()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    except (pickle.UnpicklingError, EOFError, ValueError) as e:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+            AttributeError, KeyError, MemoryError, UnicodeDecodeError) as e:  # fmt: skip
         raise DataError(f"{path}: not a CIFAR python batch ({e})") from None
     if not isinstance(d, dict) or b"data" not in d or b"labels" not in d:
         raise DataError(f"{path}: not a CIFAR python batch (no b'data' / b'labels' keys)")
-    data = np.asarray(d[b"data"], np.uint8)
-    labels = np.asarray(d[b"labels"], np.int32)
-    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+    try:
+        data = np.asarray(d[b"data"], np.uint8)
+        labels = np.asarray(d[b"labels"], np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise DataError(f"{path}: not a CIFAR python batch ({e})") from None
+    if data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (len(data),):
         raise DataError(f"{path}: expected data [N, 3072] and N labels, got {data.shape}")
-    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
+    if len(data) == 0:
+        raise DataError(f"{path}: holds no examples")
+    check_labels(path, labels, 10)
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels.astype(np.int32)
+
+
+def check_labels(path: Path, labels: np.ndarray, classes: int | None = None) -> None:
+    """Labels are class ids: integers from 0 (and below ``classes`` when it is known)."""
+    if labels.size and labels.min() < 0:
+        raise DataError(f"{path}: label {int(labels.min())} is negative; labels are class ids")
+    if classes is not None and labels.size and labels.max() >= classes:
+        raise DataError(f"{path}: label {int(labels.max())} is not below {classes} classes")
 
 
 def write_cifar_batch(path: str | Path, images: np.ndarray, labels: np.ndarray) -> None:

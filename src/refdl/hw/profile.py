@@ -204,7 +204,7 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
             source=_text(lk, "source", where, path),
         )
     per_node = raw.get("devices_per_node", 1)
-    if not isinstance(per_node, int) or per_node < 1:
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
         raise UsageError(f"hardware profile {path}: key devices_per_node must be an integer >= 1")
     return HardwareProfile(
         name=_text(raw, "name", "", path),
@@ -227,7 +227,7 @@ def load(name_or_path: str | Path) -> HardwareProfile:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise UsageError(f"hardware profile {path}: no such file")
-        text = path.read_text()
+        text = _read(path)
     else:
         if str(name_or_path) not in names():
             raise UsageError(
@@ -235,12 +235,21 @@ def load(name_or_path: str | Path) -> HardwareProfile:
                 "or give a .toml path"
             )
         path = Path(str(resources.files("refdl.hw") / "profiles" / f"{name_or_path}.toml"))
-        text = path.read_text()
+        text = _read(path)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"hardware profile {path}: not valid TOML ({e})") from None
     return parse(raw, str(path))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"hardware profile {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"hardware profile {path}: cannot read ({e.strerror or e})") from None
 
 
 def dumps(profile: HardwareProfile) -> str:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from refdl.parallel.signals import STOPPER
 
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -158,6 +162,7 @@ def init_spmd(timeout_s: float = 120.0) -> None:
         process_id=rank,
         initialization_timeout=int(timeout_s),
     )
+    STOPPER.reinstall()  # jax.distributed's preemption notifier took over SIGTERM
     init_spmd.done = True
 
 
@@ -206,3 +211,42 @@ class Watchdog:
                 )
                 comm().Abort(3)
                 os._exit(3)  # not reached: Abort ends the process
+
+
+
+
+def agree(flag: bool) -> bool:
+    """Under mpirun, whether any rank's ``flag`` is set (every rank must call it at the
+    same point); in one process, ``flag``."""
+    if not under_mpi():
+        return flag
+    from mpi4py import MPI
+
+    return bool(comm().allreduce(int(flag), op=MPI.MAX))
+
+
+def barrier() -> None:
+    """Under mpirun, wait for every rank (bounded by the watchdog); else nothing."""
+    if under_mpi():
+        comm().Barrier()
+
+
+def broadcast(value: Any) -> Any:
+    """Under mpirun, rank 0's ``value`` on every rank; in one process, ``value``."""
+    return comm().bcast(value, root=0) if under_mpi() else value
+
+
+def launch(ranks: int, argv: list[str]) -> int:
+    """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``) and return
+    its exit status; SIGINT and SIGTERM reaching this process are passed on as SIGUSR1 and
+    SIGUSR2, which mpirun forwards to the ranks without ending the job (see
+    ``Stopper.MEANS``), so every rank stops after the step in flight and rank 0
+    checkpoints it."""
+    proc = subprocess.Popen(mpirun_command(ranks, argv), env=mpirun_env())
+    relay = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
+    old = {s: signal.signal(s, lambda sig, _f: proc.send_signal(relay[sig])) for s in relay}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from refdl.config.choices import PIPELINE_SCHEDULES, PS_MODES
+from refdl.config.values import Choice, Float, Int, Optional, Text
+from refdl.errors import UsageError
 from refdl.perf.ops import op_time
+
+# the allreduce algorithms the cost model knows (refdl.perf.collectives), and refdl's names
+ALLREDUCE_MODELS = ("ring", "tree", "recursive-doubling", "rabenseifner", "xla",
+                    "halving-doubling")  # fmt: skip
 
 
 class Hardware(Protocol):
@@ -37,21 +44,39 @@ def roofline_time(flops: float, bytes_accessed: float, hw: Hardware) -> float:
     return max(flops / hw.peak_flops, bytes_accessed / hw.memory_bandwidth)
 
 
+def _opt(default: Any, value: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"value": value})
+
+
 @dataclasses.dataclass(frozen=True)
 class PredictOptions:
-    """What a prediction assumes beyond model, hardware, batch and workers."""
+    """What a prediction assumes beyond model, hardware, batch and workers; each field
+    declares its value type (``refdl.config.values``) and ``validate`` checks them."""
 
-    allreduce: str = "ring"  # data: ring, tree, recursive-doubling, rabenseifner
-    microbatches: int = 4  # pipeline
-    schedule: str = "1f1b"  # pipeline: gpipe, 1f1b, interleaved
-    chunks: int = 1  # interleaved pipeline
-    mesh: str | None = None  # hybrid: data=..,model=..,pipe=.. (default: model=2, data=rest)
-    servers: int = 1  # ps
-    ps_mode: str = "sync"  # ps
-    topology: str = "ring"  # decentralized
-    optimizer_words: int = 1  # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
-    overlap: float = 0.0  # share of the step's compute that communication may hide behind
-    link: str | None = None  # force the profile's "intra" or "inter" link (default: by size)
+    # data: ring, tree, recursive-doubling, rabenseifner (xla, halving-doubling: aliases)
+    allreduce: str = _opt("ring", Choice(ALLREDUCE_MODELS))
+    microbatches: int = _opt(4, Int(min=1, max=1 << 16))  # pipeline
+    schedule: str = _opt("1f1b", Choice(PIPELINE_SCHEDULES))  # pipeline
+    chunks: int = _opt(1, Int(min=1, max=256))  # interleaved pipeline
+    # hybrid: data=..,model=..,pipe=.. (default: model=2, data=rest)
+    mesh: str | None = _opt(None, Optional(Text()))
+    servers: int = _opt(1, Int(min=1, max=1 << 16))  # ps
+    ps_mode: str = _opt("sync", Choice(PS_MODES))  # ps
+    topology: str = _opt("ring", Text())  # decentralized
+    # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
+    optimizer_words: int = _opt(1, Int(min=0, max=8))
+    # share of the step's compute that communication may hide behind
+    overlap: float = _opt(0.0, Float(min=0.0, max=1.0))
+    # force the profile's "intra" or "inter" link (default: by size)
+    link: str | None = _opt(None, Optional(Choice(("intra", "inter"))))
+
+    def validate(self) -> PredictOptions:
+        """Every field against its declared value type; a UsageError names the flag."""
+        for f in dataclasses.fields(self):
+            problem = f.metadata["value"].problem(getattr(self, f.name))
+            if problem:
+                raise UsageError(f"--{f.name.replace('_', '-')} must be {problem}")
+        return self
 
 
 def compute_time(

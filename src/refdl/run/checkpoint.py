@@ -1,142 +1,234 @@
-"""Checkpoints on disk with orbax: atomic, self-describing, strategy-independent.
+"""Checkpoints on disk: atomic, self-describing, verified before use, strategy-independent.
 
 A checkpoint is ``DIR/checkpoints/step_0000100/`` holding the full host
-``TrainState`` (whatever strategy wrote it) and a JSON ``meta`` (the RunSpec,
-the step, the state's tree structure). Orbax writes into a temporary folder
-and renames it when complete, so a folder named ``step_N`` with orbax's
-commit marker is always a whole checkpoint; an interrupted write leaves only a
-temporary folder, which ``latest`` ignores.
+``TrainState`` (whatever strategy wrote it) as ``state.npz`` - one array per
+leaf, in ``jax.tree.leaves`` order, read back without pickle - and
+``meta.json``: the run's settings (``spec``), the step, each leaf's tree path,
+shape, dtype and SHA-256 digest. It is written into a temporary folder, synced,
+and renamed into place, so a folder named ``step_N`` is always complete;
+temporaries left by a killed writer are removed when the next run starts.
 
-Leaves are stored flat (``leaf_00000`` ...) in ``jax.tree.leaves`` order and
-restored into the structure of a freshly initialised state, with the recorded
-key paths checked first: a checkpoint from another model or optimizer is a
-clear error, never a silent mis-assignment.
+Restoring verifies first: the manifest parses, every array is present with its
+shape, dtype and digest, and the tree paths match the run's state. ``--resume``
+takes the newest checkpoint that verifies and says why newer ones were
+skipped; when none does, it is a one-line error.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 
+FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_MARKER = "_CHECKPOINT_METADATA"
+_TMP_DIR = re.compile(r"^\.step_\d+\.tmp-")
+STATE, META = "state.npz", "meta.json"
 
 
-def _checkpointer(writing: bool = False):
-    """Orbax's checkpointer. Across processes (jax.distributed) only rank 0 writes, with no
-    barrier; every rank reads (``restore`` is called by all of them together)."""
-    if writing and jax.process_count() > 1:  # only rank 0 writes, without barriers
-        mp = ocp.options.MultiprocessingOptions(primary_host=0, active_processes={0})
-        handler = ocp.CompositeCheckpointHandler(
-            composite_options=ocp.CompositeOptions(multiprocessing_options=mp),
-            state=ocp.StandardCheckpointHandler(multiprocessing_options=mp),
-            meta=ocp.JsonCheckpointHandler(multiprocessing_options=mp),
-        )
-        return ocp, ocp.Checkpointer(handler, multiprocessing_options=mp)
-    return ocp, ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+class Damaged(Exception):
+    """A checkpoint that cannot be used; the message says what is wrong with it."""
 
 
-def _paths(state: TrainState) -> list[str]:
+def _paths(state: Any) -> list[str]:
     return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
 
+def digest(a: np.ndarray) -> str:
+    """SHA-256 of an array's bytes (C order), its dtype and shape."""
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: int = 3) -> Path:
-    """Write the host ``state`` as ``ckpt_dir/step_N`` (N = its step); keep the newest ``keep``."""
-    ocp, ck = _checkpointer(writing=True)
+    """Write the host ``state`` as ``ckpt_dir/step_N`` (N = its step) atomically; keep the
+    newest ``keep``. Returns the checkpoint's path. An OSError (disk full, unwritable)
+    propagates, leaving the earlier checkpoints as they were."""
     ckpt_dir = Path(ckpt_dir).absolute()
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     step = int(np.asarray(state.step).reshape(-1)[0])  # replicated strategies stack it
     path = ckpt_dir / f"step_{step:07d}"
     if path.exists():  # re-saving the same step (e.g. final == periodic): keep the first
         return path
-    leaves = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
-    meta = {**meta, "step": step, "tree_paths": _paths(state)}
-    ck.save(
-        path,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave(meta)),
-    )
+    leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+    tmp = ckpt_dir / f".step_{step:07d}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with open(tmp / STATE, "wb") as f:
+            np.savez(f, **{f"leaf_{i:05d}": a for i, a in enumerate(leaves)})
+            f.flush()
+            os.fsync(f.fileno())
+        manifest = {
+            **meta,
+            "format": FORMAT,
+            "step": step,
+            "tree_paths": _paths(state),
+            "leaves": [
+                {"shape": list(a.shape), "dtype": a.dtype.str, "sha256": digest(a)} for a in leaves
+            ],
+        }
+        with open(tmp / META, "w") as f:
+            f.write(json.dumps(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(ckpt_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename is None:  # e.g. a full disk while writing the arrays
+            e.filename = str(path)
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for old in all_checkpoints(ckpt_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
 def all_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """The complete checkpoints under ``ckpt_dir``, oldest first."""
+    """The checkpoint folders under ``ckpt_dir`` (complete by construction), oldest first."""
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
     found = []
     for p in d.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and (p / _MARKER).is_file():
+        if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
 
-def resolve(path: str | Path) -> Path:
-    """A checkpoint folder from ``path``: a checkpoint itself, a run dir or its checkpoints dir."""
-    p = Path(path)
-    if _STEP_DIR.match(p.name) and (p / _MARKER).is_file():
-        return p
-    for d in (p / "checkpoints", p):
-        found = all_checkpoints(d)
-        if found:
-            return found[-1]
-    raise UsageError(
-        f"--resume {path}: no checkpoint there (expected a run folder with checkpoints/step_N, "
-        "or a step_N folder)"
-    )
+def remove_temporaries(ckpt_dir: str | Path) -> list[Path]:
+    """Delete the temporary folders a killed writer left; the ones removed."""
+    d = Path(ckpt_dir)
+    gone = [p for p in d.iterdir() if _TMP_DIR.match(p.name)] if d.is_dir() else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The JSON metadata of the checkpoint at ``path``."""
-    plain = Path(path) / "meta" / "metadata"  # JsonSave's file: read without starting JAX
-    if plain.is_file():
-        return json.loads(plain.read_text())
-    ocp, ck = _checkpointer()
-    return ck.restore(Path(path).absolute(), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-        "meta"
-    ]
+    """The manifest of the checkpoint at ``path`` (``Damaged`` if it is not one)."""
+    f = Path(path) / META
+    try:
+        meta = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise Damaged(f"{META} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise Damaged(f"{META} is unreadable ({type(e).__name__})") from None
+    ok = isinstance(meta, dict) and meta.get("format") == FORMAT
+    ok = ok and isinstance(meta.get("step"), int) and isinstance(meta.get("spec"), dict)
+    ok = ok and isinstance(meta.get("tree_paths"), list) and isinstance(meta.get("leaves"), list)
+    ok = ok and len(meta["tree_paths"]) == len(meta["leaves"])
+    if not ok:
+        raise Damaged(f"{META} lacks the format, step, settings or leaves of a checkpoint")
+    return meta
 
 
-def restore(path: str | Path, like: TrainState) -> TrainState:
-    """The state saved at ``path``, in the structure of ``like`` (a fresh host state)."""
-    ocp, ck = _checkpointer()
-    path = Path(path).absolute()
-    meta = read_meta(path)
-    want = _paths(like)
-    if meta.get("tree_paths") != want:
+def read_leaves(path: str | Path, meta: dict[str, Any]) -> list[np.ndarray]:
+    """Every array of the checkpoint, each checked against its shape, dtype and digest."""
+    out = []
+    try:
+        with np.load(Path(path) / STATE, allow_pickle=False) as z:
+            for i, want in enumerate(meta["leaves"]):
+                a = z[f"leaf_{i:05d}"]
+                if list(a.shape) != want.get("shape") or a.dtype.str != want.get("dtype"):
+                    raise Damaged(f"array {i} ({meta['tree_paths'][i]}) has the wrong shape")
+                if digest(a) != want.get("sha256"):
+                    raise Damaged(f"array {i} ({meta['tree_paths'][i]}) does not match its digest")
+                out.append(a)
+    except FileNotFoundError:
+        raise Damaged(f"{STATE} is missing") from None
+    except KeyError as e:
+        raise Damaged(f"{STATE} lacks array {e}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
+        raise Damaged(f"{STATE} is unreadable ({type(e).__name__})") from None
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The checkpoint a resume uses, with its verified contents, and the newer ones it
+    skipped (name, reason)."""
+
+    path: Path
+    meta: dict[str, Any]
+    leaves: list[np.ndarray]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def report(self) -> str:
+        """One line for the log: which checkpoint, and why newer ones were not used."""
+        why = "; ".join(f"skipped {name}: {reason}" for name, reason in self.skipped)
+        return f"resuming from {self.path}" + (f" ({why})" if why else "")
+
+
+def resolve(path: str | Path) -> Choice:
+    """The newest intact checkpoint ``path`` names: a checkpoint itself, a run folder or
+    its ``checkpoints`` folder. A UsageError says why none can be used."""
+    p = Path(path)
+    if _STEP_DIR.match(p.name) and p.is_dir():
+        candidates = [p]
+    else:
+        candidates = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
+    if not candidates:
         raise UsageError(
-            f"--resume {path}: the checkpoint's state does not match this run's model and "
-            "optimizer (different parameters or optimizer state); resume with the same settings"
+            f"--resume {path}: no checkpoint there (expected a run folder with checkpoints/"
+            "step_N, or a step_N folder)"
         )
-    leaves = jax.tree.leaves(like)
-    abstract = {
-        f"leaf_{i:05d}": jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
-        for i, x in enumerate(leaves)
-    }
-    restored = ck.restore(path, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))[
-        "state"
-    ]
-    arrays = [np.asarray(restored[f"leaf_{i:05d}"]) for i in range(len(leaves))]
-    return jax.tree.unflatten(jax.tree.structure(like), arrays)
+    skipped = []
+    for c in reversed(candidates):
+        try:
+            meta = read_meta(c)
+            return Choice(c, meta, read_leaves(c, meta), tuple(skipped))
+        except Damaged as e:
+            skipped.append((c.name, str(e)))
+    reasons = "; ".join(f"{n}: {r}" for n, r in skipped)
+    raise UsageError(f"--resume {path}: no intact checkpoint ({reasons})")
+
+
+def restore(choice: Choice | str | Path, like: TrainState) -> TrainState:
+    """The checkpoint's state (a ``Choice``, or a path ``resolve`` picks from) in the
+    structure of ``like`` (a fresh host state); a checkpoint of another model or
+    optimizer is a UsageError, never a mis-assignment."""
+    if not isinstance(choice, Choice):
+        choice = resolve(choice)
+    want = _paths(like)
+    shapes = [list(np.shape(x)) for x in jax.tree.leaves(like)]
+    if choice.meta["tree_paths"] != want or [e["shape"] for e in choice.meta["leaves"]] != shapes:
+        raise UsageError(
+            f"--resume {choice.path}: the checkpoint's state does not match this run's model "
+            "and optimizer (different parameters or optimizer state); resume with the same "
+            "settings"
+        )
+    return jax.tree.unflatten(jax.tree.structure(like), choice.leaves)
 
 
 def load_leaves(path: str | Path) -> dict[str, np.ndarray]:
-    """Every saved array keyed by its tree path (``.params['00_conv']['kernel']``, ...), from a
-    checkpoint or run folder: for comparing runs whose state structures differ."""
-    ocp, ck = _checkpointer()
-    path = resolve(path).absolute()
-    names = read_meta(path)["tree_paths"]
-    raw = ck.restore(path, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    return {name: np.asarray(raw[f"leaf_{i:05d}"]) for i, name in enumerate(names)}
+    """Every saved array keyed by its tree path (``.params['00_conv']['kernel']``, ...), from
+    a checkpoint or run folder: for comparing runs whose state structures differ."""
+    choice = resolve(path)
+    return dict(zip(choice.meta["tree_paths"], choice.leaves, strict=True))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,14 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from refdl.config.spec import RunSpec
+from refdl.config.spec import RunSpec, differing
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import epoch_of
-from refdl.errors import DivergedError, Interrupted, UsageError
+from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
 from refdl.parallel import processes
 from refdl.run import checkpoint
 from refdl.run.build import Run, build
+from refdl.run.folder import RunFolder
 from refdl.run.report import Writer, evaluate, summary, write_json
 from refdl.run.trajectory import trajectory
 
@@ -58,38 +58,85 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
 def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     """Train as ``spec`` says; returns the summary (also written to ``out/summary.json``).
 
-    Raises ``UsageError`` for bad input (before any file is written),
-    ``DivergedError`` when the loss turns NaN/Inf (the last good checkpoint stays as
-    it was), and ``Interrupted`` after checkpointing the last completed step on
-    SIGINT or SIGTERM.
+    Raises ``UsageError`` for bad input (before any file is written; the run folder
+    is made only then), ``DivergedError`` when the loss turns NaN/Inf (the last good
+    checkpoint stays as it was), ``WriteError`` when a file cannot be written, and
+    ``Interrupted`` on SIGINT or SIGTERM (after checkpointing the last completed step
+    when a step had completed).
     """
     t_start = time.perf_counter()
-    run = build(spec)
-    spec, strategy = run.spec, run.strategy
-    out = Path(out or spec.out or default_out_dir())
-    primary = processes.launched_rank() == 0
-    state, start = _initial_state(run)
-    stop = GracefulStop()
-    watchdog = processes.Watchdog(spec.timeout) if processes.under_mpi() else None
-    if not strategy.drives_loop:  # a parameter-server worker or secondary server
+    stopper = processes.STOPPER
+    installed_here = not stopper.installed
+    stopper.install()
+    stopper.requested, stopper.signum = False, 0
+    try:
+        run = build(spec)
+        spec, strategy = run.spec, run.strategy
+        out = Path(out or spec.out or default_out_dir())
+        primary = processes.launched_rank() == 0
+        state, start = _initial_state(run)
+        if not strategy.drives_loop:  # a parameter-server worker or secondary server
+            _serve(strategy, state, start, spec.timeout)
+            return {}
+        stopper.armed = True  # from here a signal stops the loop after a step, cleanly
+        folder = _open_folder(out, spec, primary)
         try:
-            strategy.serve(state, start, watchdog)
-            strategy.finish()
+            return _Loop(run, out, primary, state, start, t_start).train()
         finally:
-            stop.restore()
-            if watchdog is not None:
-                watchdog.close()
-        return {}
-    return _Loop(run, out, primary, state, start, stop, watchdog, t_start).train()
+            folder.close()
+    finally:
+        if installed_here:  # a library call: hand the signals back (a CLI keeps them armed)
+            stopper.armed = False
+            stopper.uninstall()
+
+
+def _serve(strategy: Any, state: Any, start: int, timeout: float) -> None:
+    """A rank that does not drive the loop: its part until the job ends."""
+    watchdog = processes.Watchdog(timeout) if processes.under_mpi() else None
+    processes.STOPPER.armed = True  # a signal lets rank 0 checkpoint; mpirun ends this rank
+    try:
+        strategy.serve(state, start, watchdog)
+        strategy.finish()
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+
+
+def _open_folder(out: Path, spec: RunSpec, primary: bool) -> RunFolder:
+    """Rank 0 opens (checks, locks, clears) the run folder; every rank learns whether it
+    could, so a refused folder ends every rank with the same line."""
+    resumed = Path(spec.resume).resolve() if spec.resume else None
+    here = resumed is not None and (out.resolve() == resumed or out.resolve() in resumed.parents)
+    folder = RunFolder(out, resume=here, overwrite=spec.overwrite)
+    problem = None
+    if primary:
+        try:
+            folder.open()
+        except UsageError as e:
+            problem = str(e)
+    problem = processes.broadcast(problem)
+    if problem:
+        raise UsageError(problem)
+    return folder
 
 
 def _initial_state(run: Run) -> tuple[TrainState, int]:
-    """The state to start from: the checkpoint ``--resume`` names, or a fresh one."""
+    """The state to start from: the newest intact checkpoint ``--resume`` names (of this
+    very configuration), or a fresh one."""
     spec, strategy = run.spec, run.strategy
     if not spec.resume:
         return strategy.init_state(spec.seed), 0
-    path = checkpoint.resolve(spec.resume)
-    host = checkpoint.restore(path, strategy.host_template(spec.seed))
+    choice = checkpoint.resolve(spec.resume)
+    diff = differing(choice.meta["spec"], spec.to_dict())
+    if diff:
+        parts = ", ".join(f"{k} {getattr(spec, k)!r} (checkpoint {choice.meta['spec'][k]!r})"
+                          for k in diff)  # fmt: skip
+        raise UsageError(
+            f"--resume {choice.path}: the checkpoint belongs to another configuration: {parts}"
+        )
+    if processes.launched_rank() == 0:
+        print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
+    host = checkpoint.restore(choice, strategy.host_template(spec.seed))
     step = int(np.asarray(host.step).reshape(-1)[0])
     if step > spec.steps:
         raise UsageError(
@@ -101,10 +148,11 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
 class _Loop:
     """One run of the loop: the trajectory, and what is logged, evaluated and saved."""
 
-    def __init__(self, run, out, primary, state, start, stop, watchdog, t_start) -> None:
+    def __init__(self, run, out, primary, state, start, t_start) -> None:
         self.run, self.spec, self.strategy = run, run.spec, run.strategy
         self.out, self.primary, self.state, self.start = out, primary, state, start
-        self.stop, self.watchdog, self.t_start = stop, watchdog, t_start
+        self.stop, self.t_start = processes.STOPPER, t_start
+        self.watchdog = processes.Watchdog(run.spec.timeout) if processes.under_mpi() else None
         self.history: dict[str, Any] = {"loss": [], "step_time_s": []}
         self.pending: list[tuple[int, dict[str, Any]]] = []  # steps whose loss is unread
         self.last_eval: dict[str, float] = {}
@@ -123,33 +171,46 @@ class _Loop:
 
     def train(self) -> dict[str, Any]:
         spec = self.spec
-        self.writer = Writer(self.out, self.primary, self.start if spec.resume else None)
-        self.writer.json("config.json", {**spec.to_dict(), "out": str(self.out)})
-        self.bar = _progress(spec.steps, self.start, spec.progress and self.primary)
-        status, reason = "completed", None
+        status, reason, whole = "completed", None, True
+        self.stop.armed = True
         try:
+            self.writer = Writer(self.out, self.primary, self.start if spec.resume else None)
+            self.writer.json("config.json", {**spec.to_dict(), "out": str(self.out)})
+            self.bar = _progress(spec.steps, self.start, spec.progress and self.primary)
             for step in trajectory(self.run, self.state, self.start, spec.steps, self._sync_at):
                 self.state = step.state
                 self._record(step)
-                if self.stop.requested and step.seconds is not None:
+                stop = self.stop.requested
+                if self.strategy.lockstep:  # every rank in the loop stops at the same step
+                    stop = processes.agree(stop)
+                if stop:
                     status = "interrupted"
+                    reason = f"{_signal_name(self.stop.signum)} after step {step.done}"
                     break
             self._save_checkpoint()
         except DivergedError as e:
             status, reason = "diverged", str(e)
             raise
-        except BaseException as e:  # a second signal, or a failure: the state may be mid-step
-            status, reason = "failed", f"{type(e).__name__}: {e}"
+        except Interrupted as e:  # a second signal: the state may be mid-step
+            status, reason, whole = "interrupted", f"{_signal_name(e.signum)} mid-step", False
+            raise Interrupted(e.signum, self.checkpoint_written) from None
+        except OSError as e:
+            status, reason, whole = "failed", _write_failure(e, self.ckpt_dir), False
+            raise WriteError(reason) from None
+        except BaseException as e:
+            status, reason, whole = "failed", f"{type(e).__name__}: {e}", False
             raise
         finally:
-            self.stop.restore()
             if self.watchdog is not None:
                 self.watchdog.close()
-            if self.bar is not None:
+            if getattr(self, "bar", None) is not None:
                 self.bar.close()
-            result = self._finish(status, reason)
-            self.writer.close()
+            result = self._finish(status, reason, whole)
+            if hasattr(self, "writer"):
+                self.writer.close()
             self.strategy.finish()
+            if self.strategy.lockstep and whole:
+                processes.barrier()  # no rank exits while rank 0 still writes
         if status == "interrupted":
             raise Interrupted(self.stop.signum, self.checkpoint_written)
         return result
@@ -252,12 +313,23 @@ class _Loop:
                 self.ckpt_dir, host, meta, keep=self.spec.keep_checkpoints
             )
 
-    def _finish(self, status: str, reason: str | None) -> dict[str, Any]:
-        """Evaluate if needed and write ``summary.json``: the state is whole unless the run
-        failed mid-step, in which case the summary says so and reports no parameters."""
-        if status == "failed":
-            result = {"status": "failed", "reason": reason, "run_dir": str(self.out)}
-            self.writer.json("summary.json", result)
+    def _finish(self, status: str, reason: str | None, whole: bool) -> dict[str, Any]:
+        """Write ``summary.json``: evaluated and complete when the state is whole, else only
+        the status and its reason. A write that fails here is reported, not raised (the
+        run's own error, if any, is the one to see)."""
+        try:
+            return self._summary(status, reason, whole)
+        except OSError as e:
+            if status == "completed":
+                raise WriteError(_write_failure(e, self.ckpt_dir)) from None
+            return {}
+
+    def _summary(self, status: str, reason: str | None, whole: bool) -> dict[str, Any]:
+        if not whole:
+            result = {"status": status, "reason": reason, "run_dir": str(self.out),
+                      "last_checkpoint": _last_checkpoint(self.ckpt_dir)}  # fmt: skip
+            if self.primary and hasattr(self, "writer"):
+                self.writer.json("summary.json", result)
             return result
         host = self.strategy.gather_state(self.state)  # collective across ranks
         if not self.primary:
@@ -278,28 +350,18 @@ class _Loop:
         return result
 
 
-class GracefulStop:
-    """The first SIGINT or SIGTERM asks the loop to stop after the step in flight (so the
-    state is whole: a step's input state may already be donated); a second one stops at
-    once."""
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name if signum else "a signal"
 
-    def __init__(self) -> None:
-        self.requested = False
-        self.signum = 0
-        self._old: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
 
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise Interrupted(signum, None)
-        self.requested, self.signum = True, signum
-        name = signal.Signals(signum).name
-        print(f"refdl: {name}: stopping after this step ({name} again to abort)",
-              file=sys.stderr, flush=True)  # fmt: skip
+def _last_checkpoint(ckpt_dir: Path) -> str | None:
+    found = checkpoint.all_checkpoints(ckpt_dir)
+    return str(found[-1]) if found else None
 
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old = {}
+
+def _write_failure(e: OSError, ckpt_dir: Path) -> str:
+    """One line for a failed write: what could not be written, why, and the last good
+    checkpoint."""
+    last = _last_checkpoint(ckpt_dir)
+    where = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
+    return f"cannot write {e.filename or 'a run file'} ({e.strerror or e}); {where}"

@@ -61,6 +61,12 @@ class Strategy:
         workers, secondary servers) call ``serve`` instead."""
         return True
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether every process runs the loop's steps together (so under mpirun they can
+        agree on the step to stop at); parameter servers' workers run their own loops."""
+        return True
+
     def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
         """This rank's whole part of the run when it does not drive the loop."""
         raise NotImplementedError

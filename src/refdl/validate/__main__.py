@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from refdl.config.paths import writable_folder
+from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
 from refdl.validate.exact import FIRST_STEP_RTOL, print_report, validate
@@ -92,18 +94,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Each option's declared value type (refdl.config.values), checked before any work.
+ARG_VALUES = {
+    "steps": Int(min=1, max=100_000),
+    "devices": Optional(Int(min=1, max=8)),  # simulated CPU devices or PyTorch processes
+    "batch_size": Int(min=1, max=10**6),
+    "microbatches": Optional(Int(min=1, max=1024)),
+    "lr": Optional(Float(min=0.0, min_open=True)),
+    "seed": Int(min=0, max=2**32 - 1),
+    "param_rtol": Optional(Float(min=0.0, min_open=True)),
+    "loss_rtol": Optional(Float(min=0.0, min_open=True)),
+    "first_step_rtol": Float(min=0.0, min_open=True),
+    "perturb": Float(min=0.0, max=10.0),
+    "timeout": Float(min=0.0, min_open=True, max=1e6),
+}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option against its declared value; an unwritable ``--report`` before any run."""
+    for key, kind in ARG_VALUES.items():
+        if problem := kind.problem(getattr(args, key)):
+            raise UsageError(f"--{key.replace('_', '-')} must be {problem}")
+    if args.report:
+        writable_folder(args.report, "--report")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    devices = args.devices or (1 if args.strategy == "single" else 2)
+    devices = args.devices if args.devices and 1 <= args.devices <= 8 else 2
     simulate_devices(max(devices, 8))  # before JAX starts its backend
 
     try:
-        if args.steps < 1:
-            raise UsageError(f"--steps must be >= 1 (got {args.steps})")
+        check_args(args)
         if args.results:
             r = results_report(args)
             if args.report:
-                write_report(r, Path(args.report))
+                try:
+                    write_report(r, Path(args.report))
+                except OSError as e:
+                    print(f"{PROG}: error: cannot write {e.filename} ({e.strerror or e})",
+                          file=sys.stderr)  # fmt: skip
+                    return 1
             if args.json:
                 print(json.dumps(r, indent=2))
             else:

@@ -11,18 +11,40 @@ from pathlib import Path
 from typing import Any
 
 from refdl import hw as hwmod
+from refdl.config.choices import OPTIMIZERS, PIPELINE_SCHEDULES
 from refdl.config.spec import RunSpec
+from refdl.config.values import Choice, Float, Int, Text
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
 from refdl.validate.exact import LOSS_RTOL, reference_run
 
-CONFIG_KEYS = ("model", "strategy", "devices", "batch_size", "optimizer", "lr", "dataset",
-               "seed", "microbatches", "schedule", "steps", "hw")  # fmt: skip
+# What a log may hold, declared with its value type (refdl.config.values).
+ROW_VALUES = {
+    "step": Int(min=0, max=10**9),
+    "loss": Float(),
+    "samples_per_s": Float(min=0.0, min_open=True),
+}
+CONFIG_VALUES = {
+    "model": Text(),
+    "strategy": Text(),
+    "devices": Int(min=1, max=1 << 16),
+    "batch_size": Int(min=1, max=10**7),
+    "optimizer": Choice(OPTIMIZERS),
+    "lr": Float(min=0.0, min_open=True),
+    "dataset": Text(),
+    "seed": Int(min=0, max=2**32 - 1),
+    "microbatches": Int(min=1, max=1 << 16),
+    "schedule": Choice(PIPELINE_SCHEDULES),
+    "steps": Int(min=1, max=10**6),
+    "hw": Text(),
+}
+CONFIG_KEYS = tuple(CONFIG_VALUES)
 
 
 def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """A framework's log: rows of ``step, loss[, samples_per_s]`` and the configuration.
+    """A framework's log: rows of ``step, loss[, samples_per_s]`` and the configuration,
+    every value checked against ``ROW_VALUES`` / ``CONFIG_VALUES``.
 
     JSONL: one object per line; a line ``{"config": {...}}`` gives the configuration.
     CSV: a header with ``step`` and ``loss`` (and optionally ``samples_per_s``); lines
@@ -31,8 +53,11 @@ def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--results {path}: no such file")
-    text = p.read_text()
-    rows: list[dict[str, float]] = []
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--results {path}: cannot read it as UTF-8 text ({e})") from None
+    rows: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
     try:
         if p.suffix in (".jsonl", ".json"):
@@ -40,7 +65,11 @@ def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
                 if not line.strip():
                     continue
                 obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError(f"a line is not an object: {line[:40]!r}")
                 if "config" in obj:
+                    if not isinstance(obj["config"], dict):
+                        raise ValueError("config must be an object")
                     config.update(obj["config"])
                 else:
                     rows.append(obj)
@@ -51,25 +80,46 @@ def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
                     config.update(json.loads(line.split(":", 1)[1]))
                 elif line.strip() and not line.startswith("#"):
                     lines.append(line)
-            rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(lines)]
+            rows = [{k: _number(v) for k, v in r.items() if k and v not in ("", None)}
+                    for r in csv.DictReader(lines)]  # fmt: skip
         else:
             raise UsageError(f"--results {path}: give a .csv or .jsonl file")
-    except (json.JSONDecodeError, ValueError) as e:
-        if isinstance(e, UsageError):
-            raise
+    except UsageError:
+        raise
+    except (json.JSONDecodeError, ValueError, AttributeError) as e:
         raise UsageError(f"--results {path}: cannot parse it ({e})") from None
-    if not rows or not all("step" in r and "loss" in r for r in rows):
-        raise UsageError(f"--results {path}: every row needs step and loss")
+    if not rows:
+        raise UsageError(f"--results {path}: no rows of step and loss")
+    for i, row in enumerate(rows, 1):
+        for key in ("step", "loss"):
+            if key not in row:
+                raise UsageError(f"--results {path}: row {i} has no {key}")
+        for key, value in row.items():
+            if key in ROW_VALUES and (problem := ROW_VALUES[key].problem(value)):
+                raise UsageError(f"--results {path}: row {i}: {key} must be {problem}")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise UsageError(
             f"--results {path}: unknown configuration keys {unknown}; "
             f"known: {', '.join(CONFIG_KEYS)}"
         )
+    for key, value in config.items():
+        if problem := CONFIG_VALUES[key].problem(value):
+            raise UsageError(f"--results {path}: configuration {key} must be {problem}")
     if "model" not in config:
         raise UsageError(f"--results {path}: the configuration must name the model")
     rows.sort(key=lambda r: r["step"])
     return rows, config
+
+
+def _number(text: str) -> int | float | str:
+    """A CSV cell as an int or a float where it is one (else the text, refused later)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def results_report(args: argparse.Namespace) -> dict[str, Any]:

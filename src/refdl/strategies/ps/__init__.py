@@ -93,6 +93,10 @@ class ParameterServer(Strategy):
     def drives_loop(self) -> bool:
         return self.mode == "simulate" or self.rank == 0
 
+    @property
+    def lockstep(self) -> bool:
+        return self.mode == "simulate"  # under mpirun only server 0 runs the loop
+
     def host_template(self, seed: int) -> TrainState:
         s = to_host(self.task.init_state(seed))
         groups = self.layout.split(s.params)

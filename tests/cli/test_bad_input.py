@@ -1,0 +1,309 @@
+"""Bad input through the real command-line tools, as a careless or hostile user gives it:
+each case must end with exit status 2, exactly one line on stderr that names the problem,
+no traceback, and no files left behind. The cases run as real processes, four at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, stderr_lines
+
+T = "{tmp}"  # replaced by the case's own folder
+
+TRAIN = [
+    ("strategy unknown", ["--strategy", "nope"], "unknown strategy 'nope'"),
+    ("model unknown", ["--model", "vgg"], "unknown model 'vgg'"),
+    ("dataset unknown", ["--dataset", "imagenet"], "unknown data set 'imagenet'"),
+    ("optimizer unknown", ["--optimizer", "lbfgs"], "--optimizer must be one of"),
+    ("loss unknown", ["--loss", "hinge"], "unknown loss 'hinge'"),
+    ("steps zero", ["--steps", "0"], "--steps must be an integer in [1,"),
+    ("steps negative", ["--steps", "-5"], "--steps must be an integer in [1,"),
+    ("steps not a number", ["--steps", "ten"], "--steps: invalid int value"),
+    ("batch larger than the data", ["--batch-size", "5000"], "is larger than the 1437"),
+    ("batch zero", ["--batch-size", "0"], "--batch-size must be an integer in [1,"),
+    ("lr negative", ["--lr", "-1"], "--lr must be a finite number > 0"),
+    ("lr nan", ["--lr", "nan"], "--lr must be a finite number > 0"),
+    ("lr inf", ["--lr", "inf"], "--lr must be a finite number > 0"),
+    ("momentum 1.5", ["--momentum", "1.5"], "--momentum must be a finite number >= 0 and < 1"),
+    ("weight decay negative", ["--weight-decay", "-1"], "--weight-decay must be a finite number >= 0"),
+    ("decay factor negative", ["--lr-decay-factor", "-2"], "--lr-decay-factor must be a finite number > 0"),
+    ("step schedule without period", ["--lr-schedule", "step"], "needs --lr-decay-every"),
+    ("warm-up negative", ["--warmup-steps", "-1"], "--warmup-steps must be an integer in [0,"),
+    ("seed negative", ["--seed", "-1"], "--seed must be an integer in [0, 4294967295]"),
+    ("seed of 24 digits", ["--seed", "1" * 24], "--seed must be an integer in [0, 4294967295]"),
+    ("devices zero", ["--devices", "0"], "--devices must be an integer in [1,"),
+    ("devices for single", ["--devices", "2"], "--strategy single runs on one device, not 2"),
+    ("mesh of the wrong size", ["--strategy", "hybrid", "--devices", "8", "--mesh", "data=3"],
+     "multiplies to 3 devices but --devices is 8"),
+    ("mesh axis unknown", ["--strategy", "hybrid", "--devices", "2", "--mesh", "tensor=2"],
+     "AXIS one of data, model, pipe"),
+    ("mlp hidden zero", ["--model", "mlp", "--model-opt", "hidden=0"],
+     "--model-opt hidden='0': must be integers in [1,"),
+    ("resnet width zero", ["--model", "resnet", "--model-opt", "width=0"],
+     "--model-opt width='0': must be an integer in [1, 4096]"),
+    ("lenet5 act swish", ["--model-opt", "act=swish"], "--model-opt act='swish': must be one of"),
+    ("resnet depth not 6n+2", ["--model", "resnet", "--model-opt", "depth=21"], "6n+2"),
+    ("model option unknown", ["--model-opt", "nope=1"], "model 'lenet5' has no option 'nope'"),
+    ("model option without value", ["--model-opt", "hidden"], "--model-opt takes KEY=VALUE"),
+    ("vocab size zero", ["--model", "transformer", "--data-opt", "vocab_size=0"],
+     "--data-opt vocab_size='0': must be an integer in [2,"),
+    ("seq_len not a number", ["--model", "lstm_lm", "--data-opt", "seq_len=abc"],
+     "--data-opt seq_len='abc'"),
+    ("timeout nan", ["--timeout", "nan"], "--timeout must be a finite number > 0"),
+    ("timeout negative", ["--timeout", "-1"], "--timeout must be a finite number > 0"),
+    ("owt preset with data", ["--strategy", "data", "--devices", "2", "--preset", "owt"],
+     "--preset is an option of --strategy hybrid, not of --strategy data"),
+    ("allreduce with single", ["--allreduce", "ring"], "--allreduce is an option of --strategy data"),
+    ("compression ratio 2", ["--strategy", "data", "--devices", "2", "--compress", "topk:2"],
+     "--compress 'topk:2'"),
+    ("schedule unknown", ["--strategy", "pipeline", "--devices", "2", "--schedule", "zigzag"],
+     "--schedule must be one of"),
+    ("chunks zero", ["--strategy", "pipeline", "--devices", "2", "--chunks", "0"],
+     "--chunks must be an integer in [1, 256]"),
+    ("stage boundaries not numbers", ["--strategy", "pipeline", "--devices", "2",
+                                      "--stage-boundaries", "a,b"], "give layer indices like 2,5"),
+    ("microbatches zero", ["--microbatches", "0"], "--microbatches must be an integer in [1,"),
+    ("microbatches not dividing the batch", ["--microbatches", "3"], "use a multiple of 3"),
+    ("stages not devices", ["--strategy", "pipeline", "--devices", "2", "--stages", "3"],
+     "--stages 3 needs --devices 3"),
+    ("plot with data", ["--strategy", "data", "--devices", "2", "--plot-schedule", "g.png"],
+     "--plot-schedule is an option of --strategy hybrid, pipeline"),
+    ("plot into /proc", ["--strategy", "pipeline", "--devices", "2", "--plot-schedule",
+                         "/proc/refdl/g.png"], "--plot-schedule /proc/refdl/g.png: cannot write"),
+    ("plot not an image", ["--strategy", "pipeline", "--devices", "2", "--plot-schedule",
+                           f"{T}/g.txt"], "give a .png, .pdf or .svg file"),
+    ("out under /proc", ["--out", "/proc/refdl-run"], "--out /proc/refdl-run: cannot write there"),
+    ("out is a file", ["--out", f"{T}/afile"], "is a file; give a folder"),
+    ("resume of nothing", ["--resume", "/nonexistent/run"], "no checkpoint there"),
+    ("resume of a damaged run", ["--resume", f"{T}/damaged"], "no intact checkpoint"),
+    ("mnist without a folder", ["--dataset", "mnist"], "pass --data-dir DIR"),
+    ("mnist folder missing", ["--dataset", "mnist", "--data-dir", "/nonexistent"],
+     "/nonexistent: not a readable directory"),
+    ("truncated gzip IDX", ["--dataset", "mnist", "--data-dir", f"{T}/gz"],
+     "damaged or truncated gzip file"),
+    ("IDX with no examples", ["--dataset", "mnist", "--data-dir", f"{T}/empty"],
+     "holds no examples"),
+    ("negative labels", ["--dataset", "mnist", "--data-dir", f"{T}/neglabels"],
+     "label -3 is negative"),
+    ("crafted CIFAR pickle", ["--dataset", "cifar10", "--data-dir", f"{T}/evil"],
+     "refused to load posix.system: data files are data"),
+    ("LSTM on images", ["--model", "lstm_lm", "--dataset", "digits"],
+     "model 'lstm_lm' needs a tokens data set"),
+    ("ps without ranks", ["--strategy", "ps"], "--strategy ps needs server and worker ranks"),
+    ("ps servers zero", ["--strategy", "ps", "--simulate", "--servers", "0"],
+     "--servers must be an integer in [1,"),
+    ("ps mode unknown", ["--strategy", "ps", "--simulate", "--ps-mode", "lazy"],
+     "--ps-mode must be one of sync, async, ssp"),
+    ("ssp without a bound", ["--strategy", "ps", "--simulate", "--ps-mode", "ssp"],
+     "--ps-mode ssp needs --staleness"),
+    ("bound without ssp", ["--strategy", "ps", "--simulate", "--staleness", "2"],
+     "--staleness is the bound of --ps-mode ssp"),
+    ("workers without simulate", ["--strategy", "ps", "--workers", "2"], "add --simulate"),
+    ("straggler malformed", ["--strategy", "ps", "--simulate", "--straggler", "x"],
+     "--straggler takes RANK:SECONDS"),
+    ("topology unknown", ["--strategy", "decentralized", "--devices", "4", "--topology", "star"],
+     "unknown --topology 'star'"),
+    ("torus of 3", ["--strategy", "decentralized", "--devices", "3", "--batch-size", "60",
+                    "--topology", "torus"], "torus needs a worker count"),
+    ("gossip with data", ["--strategy", "data", "--devices", "2", "--gossip"],
+     "--gossip is an option of --strategy decentralized"),
+    ("keep no checkpoints", ["--keep-checkpoints", "0"], "--keep-checkpoints must be an integer"),
+    ("eval every -1", ["--eval-every", "-1"], "--eval-every must be an integer in [0,"),
+    ("flag unknown", ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+]  # fmt: skip
+
+OTHERS = [
+    ("predict: microbatches zero", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "pipeline", "--model", "mlp", "--microbatches", "0"],
+     "--microbatches must be an integer in [1,"),
+    ("predict: chunks zero", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "pipeline", "--model", "mlp", "--schedule",
+      "interleaved", "--chunks", "0"], "--chunks must be an integer in [1, 256]"),
+    ("predict: schedule unknown", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "pipeline", "--model", "mlp", "--schedule", "zigzag"],
+     "--schedule must be one of"),
+    ("predict: servers zero", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "ps", "--model", "mlp", "--servers", "0"],
+     "--servers must be an integer in [1,"),
+    ("predict: more servers than workers", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "ps", "--model", "mlp", "--servers", "8",
+      "--workers", "4"], "--servers 8 exceeds --workers 4"),
+    ("predict: ps mode unknown", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "ps", "--model", "mlp", "--ps-mode", "lazy"],
+     "--ps-mode must be one of sync, async, ssp"),
+    ("predict: strategy unknown", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "zero", "--model", "mlp"], "unknown cost model"),
+    ("predict: bytes nan", "refdl.predict",
+     ["collective", "--hw", "p100-nvlink", "--workers", "4", "--bytes", "nan"],
+     "--bytes must be a finite number >= 0"),
+    ("predict: bytes negative", "refdl.predict",
+     ["collective", "--hw", "p100-nvlink", "--workers", "4", "--bytes", "-1"],
+     "--bytes must be a finite number >= 0"),
+    ("predict: devices_per_node true", "refdl.predict",
+     ["--hw", f"{T}/bool.toml", "--model", "mlp"], "devices_per_node must be an integer >= 1"),
+    ("predict: profile not UTF-8", "refdl.predict",
+     ["--hw", f"{T}/latin1.toml", "--model", "mlp"], "not UTF-8 text"),
+    ("predict: profile missing", "refdl.predict",
+     ["--hw", f"{T}/none.toml", "--model", "mlp"], "no such file"),
+    ("predict: plot into /proc", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--plot", "/proc/refdl/s.png"],
+     "--plot /proc/refdl/s.png: cannot write"),
+    ("predict: model unknown", "refdl.predict", ["--hw", "p100-nvlink", "--model", "nope"],
+     "unknown --model 'nope'"),
+    ("predict: workers not numbers", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--workers", "x"], "--workers 'x'"),
+    ("predict: overlap 2", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--overlap", "2"], "--overlap must be"),
+    ("predict: batch zero", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--batch-size", "0"], "--batch-size must be"),
+    ("validate: devices zero", "refdl.validate",
+     ["--strategy", "data", "--devices", "0", "--model", "mlp"], "--devices must be an integer in [1, 8]"),
+    ("validate: devices 100000", "refdl.validate",
+     ["--strategy", "data", "--devices", "100000", "--model", "mlp"], "--devices must be an integer in [1, 8]"),
+    ("validate: steps zero", "refdl.validate", ["--steps", "0"], "--steps must be an integer"),
+    ("validate: model without twin", "refdl.validate", ["--model", "transformer"],
+     "the torch adapter covers"),
+    ("validate: log with steps abc", "refdl.validate", ["--results", f"{T}/log.jsonl"],
+     "row 1: step must be an integer in [0,"),
+    ("validate: log missing", "refdl.validate", ["--results", f"{T}/nolog.jsonl"], "no such file"),
+    ("validate: report into /proc", "refdl.validate",
+     ["--results", f"{T}/good.jsonl", "--report", "/proc/refdl/report"],
+     "--report /proc/refdl/report: cannot write"),
+    ("recipe: min high", "refdl.bench", ["run", f"{T}/min.toml"],
+     "[acceptable] TestAccuracy min must be a finite number"),
+    ("recipe: timeout long", "refdl.bench", ["run", f"{T}/timeout.toml"],
+     "[options] timeout must be a finite number > 0"),
+    ("recipe: fixed not a table", "refdl.bench", ["run", f"{T}/fixed.toml"],
+     "[fixed] must be a table"),
+    ("recipe: unknown section", "refdl.bench", ["run", f"{T}/section.toml"],
+     "unknown section(s)"),
+    ("bench: command unknown", "refdl.bench", ["nope"], "give a command"),
+    ("data: out into /proc", "refdl.data",
+     ["convert", "--dataset", "digits", "--out", "/proc/refdl/d.zarr"],
+     "--out /proc/refdl/d.zarr: cannot write"),
+    ("data: dataset unknown", "refdl.data", ["convert", "--dataset", "nope", "--out", f"{T}/z"],
+     "unknown data set 'nope'"),
+    ("data: crafted CIFAR pickle", "refdl.data",
+     ["convert", "--dataset", "cifar10", "--data-dir", f"{T}/evil", "--out", f"{T}/z"],
+     "refused to load posix.system"),
+    ("hw: profile unknown", "refdl.hw", ["show", "nope"], "unknown hardware profile 'nope'"),
+]  # fmt: skip
+
+CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS
+
+
+class Evil:
+    """A pickle that would run ``os.system`` when loaded: it must never be."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def idx(path: Path, array, gz: bool = False) -> None:
+    import numpy as np
+
+    a = np.asarray(array, np.uint8)
+    data = bytes([0, 0, 0x08, a.ndim]) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes()
+    if gz:
+        data = gzip.compress(data)[:-12]  # truncated
+    path.write_bytes(data)
+
+
+def make_inputs(tmp: Path) -> None:
+    """The files the cases read: damaged data sets, profiles, logs, recipes, a run."""
+    import numpy as np
+
+    (tmp / "afile").write_text("not a folder\n")
+    (tmp / "damaged" / "checkpoints" / "step_0000010").mkdir(parents=True)
+    (tmp / "damaged" / "checkpoints" / "step_0000010" / "meta.json").write_text("{")
+    for name, n, labels in (("gz", 4, [1, 2, 3, 4]), ("empty", 0, []), ("neglabels", 4,
+                                                                         [1, -3, 2, 0])):  # fmt: skip
+        d = tmp / name
+        d.mkdir()
+        for split in ("train", "t10k"):
+            imgs = np.zeros((n, 8, 8), np.uint8)
+            if name == "gz":
+                idx(d / f"{split}-images-idx3-ubyte.gz", imgs, gz=True)
+                idx(d / f"{split}-labels-idx1-ubyte", np.asarray(labels, np.uint8))
+                continue
+            idx(d / f"{split}-images-idx3-ubyte", imgs)
+            lab = np.asarray(labels, np.int32)
+            raw = bytes([0, 0, 0x0C, 1]) + struct.pack(">I", len(lab)) + lab.astype(">i4").tobytes()
+            (d / f"{split}-labels-idx1-ubyte").write_bytes(raw)
+    evil = tmp / "evil"
+    evil.mkdir()
+    for name in ("data_batch_1", "test_batch"):
+        (evil / name).write_bytes(pickle.dumps(Evil(tmp / "PWNED")))
+    good = (ROOT / "src/refdl/hw/profiles/p100-nvlink.toml").read_text()
+    (tmp / "bool.toml").write_text(good.replace("devices_per_node = 8", "devices_per_node = true"))
+    (tmp / "latin1.toml").write_bytes(good.replace("P100", "P100 \xe9").encode("latin-1"))
+    (tmp / "log.jsonl").write_text('{"config": {"model": "mlp"}}\n{"step": "abc", "loss": 1}\n')
+    (tmp / "good.jsonl").write_text('{"config": {"model": "mlp", "steps": 2}}\n'
+                                    '{"step": 0, "loss": 2.3}\n{"step": 1, "loss": 2.2}\n')  # fmt: skip
+    head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'
+    (tmp / "min.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = "high" }\n')
+    (tmp / "timeout.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = 0.5 }\n'
+                                      '[options]\ntimeout = "long"\n')  # fmt: skip
+    (tmp / "fixed.toml").write_text('fixed = 5\n[recipe]\nname = "x"\n'
+                                    '[acceptable]\nTestAccuracy = { min = 0.5 }\n')  # fmt: skip
+    (tmp / "section.toml").write_text(head + "[acceptable]\nTestAccuracy = { min = 0.5 }\n"
+                                      "[extras]\nx = 1\n")  # fmt: skip
+
+
+def run_case(tmp: Path, module: str, args: list[str]) -> subprocess.CompletedProcess:
+    args = [a.replace(T, str(tmp)) for a in args]
+    if module == "refdl.train" and "--out" not in args:
+        args += ["--out", str(tmp / "run")]
+    return subprocess.run(
+        [sys.executable, "-m", module, *args, *(["--no-progress"] if module == "refdl.train"
+                                                 else [])],
+        capture_output=True, text=True, timeout=300, cwd=tmp,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every case, run as a real process, four at a time (so the table costs ~1 minute)."""
+    tmp = tmp_path_factory.mktemp("bad")
+    make_inputs(tmp)
+    folders = {}
+    for i, (name, *_rest) in enumerate(CASES):
+        folders[name] = tmp / f"case{i:03d}"
+        folders[name].mkdir()
+        for p in tmp.iterdir():  # each case sees the inputs in its own folder
+            if not p.name.startswith("case"):
+                (folders[name] / p.name).symlink_to(p)
+    with ThreadPoolExecutor(4) as pool:
+        futures = {name: pool.submit(run_case, folders[name], module, args)
+                   for name, module, args, _ in CASES}  # fmt: skip
+        return {name: (f.result(), folders[name]) for name, f in futures.items()}, tmp
+
+
+def test_at_least_sixty_cases():
+    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name,module,args,message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_no_traceback_no_files(results, name, module, args, message):
+    (proc, folder), tmp = results[0][name], results[1]
+    lines = stderr_lines(proc)
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert len(lines) == 1, "\n".join(lines[-20:])
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (folder / "run").exists(), "a run folder was written"
+    assert not (tmp / "PWNED").exists(), "code from a data file ran"

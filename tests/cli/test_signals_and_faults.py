@@ -1,0 +1,144 @@
+"""Signals at any moment and kill -9 during checkpoint writes, through the real CLI: one
+line, exit 130/143, a checkpoint of the last completed step that resumes exactly, every
+rank gone; a killed writer never leaves a checkpoint that resumes wrongly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli, stderr_lines
+from refdl.parallel import processes
+
+MLP = ("--model", "mlp", "--eval-every", "0", "--no-progress")
+
+
+def start(*args: str, launcher: list[str] | None = None) -> subprocess.Popen:
+    cmd = launcher or [sys.executable, "-m", "refdl.train"]
+    env = processes.mpirun_env() if launcher else os.environ
+    return subprocess.Popen([*cmd, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def wait_for_rows(path: Path, rows: int, timeout: float = 180) -> None:
+    """Until ``metrics.jsonl`` holds ``rows`` rows (the run is training)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and path.read_text().count("\n") >= rows:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path}: no {rows} rows within {timeout} s")
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_sigint_during_start_up_is_one_line_and_no_folder(tmp_path):
+    proc = start(*MLP, "--steps", "100", "--out", str(tmp_path / "run"))
+    time.sleep(0.5)  # still importing and building
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err
+    assert lines == ["refdl.train: interrupted by SIGINT before training began"], lines
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_sigterm_while_training_checkpoints_and_resumes_exactly(tmp_path):
+    out = tmp_path / "run"
+    proc = start(*MLP, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000",
+                 "--out", str(out))  # fmt: skip
+    wait_for_rows(out / "metrics.jsonl", 30)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    lines = stderr_lines(subprocess.CompletedProcess([], 0, "", err))
+    assert len(lines) == 1 and "interrupted by SIGTERM; continue from" in lines[0], lines
+    s = summary(out)
+    k = s["steps"]
+    assert s["status"] == "interrupted" and s["reason"] == f"SIGTERM after step {k}"
+    assert (out / "checkpoints" / f"step_{k:07d}").is_dir()
+    res = run_cli("--resume", str(out), "--steps", str(k + 7), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    ref = run_cli(*MLP, "--steps", str(k + 7), "--out", str(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+    assert summary(out)["params_l2_norm"] == summary(tmp_path / "ref")["params_l2_norm"]
+    rows = [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == sorted(set(rows))  # nothing logged twice after the resume
+
+
+def test_kill_9_during_checkpoint_writes_never_breaks_the_resume(tmp_path):
+    """A checkpoint every step, killed at random moments until one kill lands in the middle
+    of a write (a temporary folder is left) twice; each time --resume continues, and the
+    final parameters equal an uninterrupted run's to the last bit."""
+    out, steps, torn, kills = tmp_path / "run", 120, 0, 0
+    args = (*MLP, "--steps", str(steps), "--checkpoint-every", "1", "--keep-checkpoints", "2",
+            "--log-every", "1")  # fmt: skip
+    rng = __import__("random").Random(0)
+    while torn < 2 and kills < 10:
+        resume = ("--resume", str(out)) if (out / "checkpoints").is_dir() else ("--out", str(out))
+        proc = start(*args, *resume)
+        metrics = out / "metrics.jsonl"
+        seen = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        wait_for_rows(metrics, seen + 5)
+        time.sleep(rng.uniform(0.0, 0.05))
+        proc.kill()
+        proc.wait()
+        kills += 1
+        torn += any(p.name.startswith(".step_") for p in (out / "checkpoints").iterdir())
+        if (out / "summary.json").exists() and summary(out).get("status") == "completed":
+            break
+    assert torn >= 1, f"no kill of {kills} landed during a checkpoint write"
+    final = run_cli(*args, "--resume", str(out))
+    assert final.returncode == 0, final.stderr
+    assert not any(p.name.startswith(".step_") for p in (out / "checkpoints").iterdir())
+    ref = run_cli(*args, "--out", str(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+    assert summary(out)["params_l2_norm"] == summary(tmp_path / "ref")["params_l2_norm"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["launch", "mpirun-usr1"])
+def test_sigint_under_mpirun_checkpoints_on_rank_0_and_ends_every_rank(tmp_path, how):
+    """``refdl launch`` turns Ctrl-C into SIGUSR1, which mpirun forwards; with plain mpirun,
+    SIGUSR1 does the same. Every rank prints one line and exits 130; the checkpoint
+    resumes exactly."""
+    out = tmp_path / "run"
+    args = ("--strategy", "data", *MLP, "--steps", "100000", "--log-every", "1",
+            "--checkpoint-every", "100000", "--out", str(out))  # fmt: skip
+    if how == "launch":
+        proc = start("-n", "2", "train", *args, launcher=[sys.executable, "-m", "refdl.launch"])
+        sig = signal.SIGINT
+    else:
+        proc = start(*args, launcher=processes.mpirun_command(2, ["-m", "refdl.train"]))
+        sig = signal.SIGUSR1
+    wait_for_rows(out / "metrics.jsonl", 20)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("refdl.train:")]
+    assert len(lines) == 2 and all("interrupted by SIGINT" in ln for ln in lines), err[-3000:]
+    k = summary(out)["steps"]
+    assert (
+        summary(out)["status"] == "interrupted" and (out / "checkpoints" / f"step_{k:07d}").is_dir()
+    )
+    cmd = processes.mpirun_command(2, ["-m", "refdl.train", "--resume", str(out), "--steps",
+                                       str(k + 5), "--no-progress"])  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT,
+                         env=processes.mpirun_env())  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref_argv = ["-m", "refdl.train", "--strategy", "data", *MLP, "--steps", str(k + 5),
+                "--out", str(tmp_path / "ref")]  # fmt: skip
+    ref_cmd = processes.mpirun_command(2, ref_argv)
+    ref = subprocess.run(ref_cmd, capture_output=True, text=True, timeout=240, cwd=ROOT,
+                         env=processes.mpirun_env())  # fmt: skip
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert summary(out)["params_l2_norm"] == summary(tmp_path / "ref")["params_l2_norm"]
