@@ -123,9 +123,10 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="1,2,4,8", help="a list like 1,2,4,8")
     p.add_argument("--scaling", default="strong", help="strong (global batch) or weak")
     p.add_argument("--allreduce", default="ring")
-    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--microbatches", type=int, help="pipeline, hybrid: default 4; fsdp: default 1")
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--chunks", type=int, default=1)
+    p.add_argument("--zero", type=int, default=3, help="fsdp: ZeRO stage 1, 2 or 3")
     p.add_argument("--mesh", help="hybrid: data=..,model=..,pipe=.. (default model=2)")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--ps-mode", default="sync")
@@ -148,9 +149,12 @@ def _step_main(argv: list[str]) -> int:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         opts = PredictOptions(
             allreduce=args.allreduce,
-            microbatches=args.microbatches,
+            microbatches=(4 if args.strategy in ("pipeline", "hybrid") else 1)
+            if args.microbatches is None
+            else args.microbatches,
             schedule=args.schedule,
             chunks=args.chunks,
+            zero=args.zero,
             mesh=args.mesh,
             servers=args.servers,
             ps_mode=args.ps_mode,

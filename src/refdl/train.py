@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--microbatches", type=int, help="gradient accumulation steps (default 1)")
     g.add_argument("--compress", help="data strategy: topk:RATIO, qsgd:LEVELS, terngrad, sign")
     g.add_argument(
+        "--zero",
+        type=int,
+        help="fsdp: ZeRO stage - 1 shards the optimizer state, 2 also the gradients, 3 also "
+        "the parameters (default 3)",
+    )
+    g.add_argument(
         "--preset",
         help="hybrid: owt (convolutions data-parallel, fully connected layers model-parallel)",
     )
@@ -115,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--schedule", help=f"pipeline: {', '.join(PIPELINE_SCHEDULES)} (default 1f1b)")
     g.add_argument(
-        "--chunks", type=int, help="pipeline: model chunks per device for interleaved (default 1)"
+        "--chunks",
+        type=int,
+        help="pipeline: model chunks per device for interleaved or looped-bfs (default 1)",
     )
     g.add_argument(
         "--stage-boundaries",

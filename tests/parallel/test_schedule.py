@@ -1,21 +1,24 @@
-"""Pipeline schedule tables: dependencies, the closed-form bubble, activation stash."""
+"""Pipeline schedule tables: dependencies, the closed-form bubble, activation stash, and
+the order of every operation against PyTorch's ``torch.distributed.pipelining``."""
 
 from __future__ import annotations
+
+import types
 
 import pytest
 
 from refdl.errors import UsageError
-from refdl.parallel.schedule import analytic_bubble, build
+from refdl.parallel.schedule import Op, analytic_bubble, bubble, build
 
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 33)]
 
 
 def _check_dependencies(s):
     """Re-derive the data dependencies from the table alone."""
-    p, last = s.stages, s.stages * s.chunks - 1
+    last = s.stages * s.chunks - 1
     when = {}
     for t, stage, op in s.ops():
-        key = (op.kind, op.mb, op.chunk * p + stage)
+        key = (op.kind, op.mb, s.virtual(stage, op))
         assert key not in when, f"{key} runs twice"
         when[key] = t
     for (kind, mb, k), t in when.items():
@@ -25,7 +28,11 @@ def _check_dependencies(s):
             assert when[("F", mb, k)] < t  # every forward precedes its backward
             if k < last:
                 assert when[("B", mb, k + 1)] < t
-    assert len(when) == 2 * s.microbatches * s.stages * s.chunks  # every op exactly once
+        if kind == "W":
+            assert when[("B", mb, k)] < t  # the weight gradient after the input gradient
+    kinds = 3 if s.split_backward else 2
+    assert len(when) == kinds * s.microbatches * s.stages * s.chunks  # every op exactly once
+    assert {k for _, _, k in when} == set(range(last + 1))
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -61,5 +68,108 @@ def test_bad_schedules():
         build("zb", 2, 4)
     with pytest.raises(UsageError, match="divisible by stages"):
         build("interleaved", 4, 6, 2)
-    with pytest.raises(UsageError, match="needs --schedule interleaved"):
+    with pytest.raises(UsageError, match="needs --schedule interleaved or looped-bfs"):
         build("1f1b", 2, 4, 2)
+    with pytest.raises(UsageError, match="needs --schedule interleaved or looped-bfs"):
+        build("zbv", 2, 4, 2)
+
+
+def test_zb_h1_has_a_third_of_1f1b_bubble_and_its_memory():
+    for p, m in GRID:
+        s = build("zb-h1", p, m)
+        _check_dependencies(s)
+        one = build("1f1b", p, m)
+        if m >= p:
+            assert s.slots == 3 * m + p - 1  # the closed form's slots: (p - 1) idle per stage
+            assert s.bubble_fraction == pytest.approx((p - 1) / (3 * m + p - 1), abs=1e-12)
+            assert s.bubble_fraction == pytest.approx(analytic_bubble("zb-h1", p, m), abs=1e-12)
+        else:
+            assert analytic_bubble("zb-h1", p, m) is None
+        assert bubble("zb-h1", p, m) == pytest.approx(s.bubble_fraction, abs=1e-12)
+        if p > 1:
+            assert s.bubble_fraction < one.bubble_fraction
+        # A stash lives until its W; the deepest stash is 1F1B's (stage 0's min(p, m)).
+        assert max(s.peak_stash(r) for r in range(p)) == min(p, m)
+        assert s.p2p_messages() == 2 * m * (p - 1)
+
+
+def test_zbv_puts_two_chunks_per_device_in_a_v():
+    for p, m in GRID:
+        s = build("zbv", p, m)
+        _check_dependencies(s)
+        assert s.chunks == 2
+        for stage in range(p):  # chunk 0 descends the devices, chunk 1 climbs back
+            assert s.virtual(stage, Op("F", 0, 0)) == stage
+            assert s.virtual(stage, Op("F", 0, 1)) == 2 * p - 1 - stage
+        closed = analytic_bubble("zbv", p, m)
+        if 2 * m >= 3 * p - 1:
+            assert s.bubble_fraction == pytest.approx((p - 1) / (6 * m + p - 1), abs=1e-12)
+            assert closed == pytest.approx(s.bubble_fraction, abs=1e-12)
+        else:
+            assert closed is None
+        if p > 1:
+            assert s.bubble_fraction < build("1f1b", p, m).bubble_fraction
+        if m > p > 1:  # at m <= p, ZB-H1 ties or wins: the V's warm-up is 2p - 1 forwards deep
+            assert s.bubble_fraction < build("zb-h1", p, m).bubble_fraction
+        # 2p chunk activations (half a stage each) at most: 1F1B's p stage activations.
+        assert max(s.peak_stash(r) for r in range(p)) == min(2 * p, 2 * m)
+        # The V's turn (virtual stages p - 1 and p) stays on device p - 1.
+        assert s.p2p_messages() == 2 * m * (2 * p - 2)
+
+
+@pytest.mark.parametrize("v", [1, 2, 3])
+def test_looped_bfs_runs_every_microbatch_through_a_chunk_first(v):
+    for p, m in GRID:
+        s = build("looped-bfs", p, m, v)
+        _check_dependencies(s)
+        if m >= p:
+            assert s.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+        assert bubble("looped-bfs", p, m, v) == pytest.approx(s.bubble_fraction, abs=1e-12)
+        assert [s.peak_stash(r) for r in range(p)] == [v * m] * p  # GPipe's, per chunk
+
+
+def _torch_orders(kind: str, p: int, m: int, v: int) -> list[list[tuple[str, int, int]]]:
+    """Each rank's actions as PyTorch computes them (``_calculate_single_rank_operations``
+    of its schedule class, on the attributes that method reads), as (kind, mb, virtual
+    stage); PyTorch's I (backward input) is refdl's B."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    cls = {
+        "interleaved": schedules.ScheduleInterleaved1F1B,
+        "looped-bfs": schedules.ScheduleLoopedBFS,
+        "zb-h1": schedules.ScheduleInterleavedZeroBubble,
+        "zbv": schedules.ScheduleZBVZeroBubble,
+    }[kind]
+    rounds = max(1, m // p)
+    attrs = types.SimpleNamespace(
+        pp_group_size=p, _n_microbatches=m, n_local_stages=v, _stages=[None] * v,
+        num_stages=p * v, number_of_rounds=rounds, microbatches_per_round=m // rounds,
+    )  # fmt: skip
+    letter = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+    return [
+        [
+            (letter[a.computation_type.name], a.microbatch_index, a.stage_index)
+            for a in cls._calculate_single_rank_operations(attrs, rank)
+            if a is not None
+        ]
+        for rank in range(p)
+    ]
+
+
+TORCH_CASES = [("interleaved", 2), ("interleaved", 3), ("looped-bfs", 2), ("looped-bfs", 3),
+               ("zb-h1", 1), ("zbv", 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,v", TORCH_CASES)
+def test_orders_match_pytorch_pipelining_action_for_action(kind, v):
+    """An independent implementation: every rank runs the same operations in the same
+    order as PyTorch's schedule of that name (ZB-H1 is its interleaved zero-bubble
+    schedule with one chunk per rank)."""
+    for p in (2, 3, 4, 8):
+        for m in (1, 2, 3, 4, 6, 8, 12, 16):
+            if kind == "interleaved" and m % p:
+                continue
+            s = build(kind, p, m, v if kind in ("interleaved", "looped-bfs") else 1)
+            ours: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+            for _, stage, op in s.ops():
+                ours[stage].append((op.kind, op.mb, s.virtual(stage, op)))
+            assert ours == _torch_orders(kind, p, m, s.chunks), (kind, p, m, v)

@@ -12,6 +12,7 @@ import pytest
 from refdl import hw
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
+from refdl.parallel.schedule import build as build_schedule
 from refdl.perf import PredictOptions, compute_time, roofline_time
 from refdl.perf import costs as K
 from refdl.perf.collectives import Link, allgather_ring, allreduce_ring
@@ -122,6 +123,41 @@ def test_pipeline_bubble_follows_the_schedule_table():
     gpipe = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule="gpipe"))
     one_f = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule="1f1b"))
     assert one_f.memory_bytes < gpipe.memory_bytes  # 1F1B stashes p microbatches, not M
+
+
+def test_zero_bubble_schedules_predict_their_table_bubble():
+    m = toy()
+    one_f = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule="1f1b"))
+    for sched in ("zb-h1", "zbv"):
+        c = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=8, schedule=sched))
+        f = analytic_bubble(sched, 4, 8)  # both have closed forms at P = 4, M = 8
+        assert c.bubble_s / (c.compute_s + c.bubble_s) == pytest.approx(f)
+        assert c.bubble_s < one_f.bubble_s
+    # Below ZB-V's closed form (M < (3P - 1) / 2) the table's bubble is used.
+    c = K.pipeline(m, P100, 64, 4, PredictOptions(microbatches=2, schedule="zbv"))
+    f = build_schedule("zbv", 4, 2).bubble_fraction
+    assert c.bubble_s / (c.compute_s + c.bubble_s) == pytest.approx(f)
+
+
+def test_fsdp_stages_trade_memory_for_communication():
+    """Per rank: stage 1 sends what an allreduce sends, stage 3 half as much again; memory
+    falls from (2 + 2 + K/P) Psi to (2 + 2 + K) Psi / P words (fp32: 4 bytes each)."""
+    m, p = toy(), 16
+    link = P100.link(p).alpha_beta()
+    psi = m.param_bytes
+    data = K.data(m, P100, 64, p, PredictOptions(optimizer_words=2))
+    z = {s: K.fsdp(m, P100, 64, p, PredictOptions(zero=s, optimizer_words=2, microbatches=1))
+         for s in (1, 2, 3)}  # fmt: skip
+    assert z[1].comm_bytes == z[2].comm_bytes == data.comm_bytes == 2 * (p - 1) * psi
+    assert z[3].comm_bytes == 3 * (p - 1) * psi
+    assert z[3].comm_s == pytest.approx(3 * allgather_ring(psi, p, link))
+    act = 4 * m.activation_bytes_per_sample  # B / P = 4 samples
+    assert z[1].memory_bytes == int(2 * psi + 2 * psi / p + act)
+    assert z[2].memory_bytes == int(psi + 3 * psi / p + act)
+    assert z[3].memory_bytes == int(4 * psi / p + act + psi / m.layers)
+    assert data.memory_bytes > z[1].memory_bytes > z[2].memory_bytes > z[3].memory_bytes
+    two = K.fsdp(m, P100, 64, p, PredictOptions(zero=2, optimizer_words=2, microbatches=4))
+    assert two.comm_bytes == 5 * (p - 1) * psi  # every microbatch's backward scatters
 
 
 def test_ps_and_decentralized_costs_grow_with_workers_and_degree():

@@ -78,6 +78,14 @@ CASES = [
     ("hybrid", {"devices": 4, "mesh": "data=2,model=2", "microbatches": 2}),
     ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "microbatches": 2}),
     ("hybrid", {"devices": 4, "mesh": "model=2,pipe=2", "schedule": "gpipe", "microbatches": 1}),
+    ("hybrid", {"devices": 4, "mesh": "fsdp=4"}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,fsdp=2,model=2"}),
+    ("hybrid", {"devices": 8, "mesh": "fsdp=2,model=2,pipe=2", "microbatches": 2}),
+    ("fsdp", {"devices": 8, "zero": 1}),
+    ("fsdp", {"devices": 4, "zero": 2, "microbatches": 2}),
+    ("fsdp", {"devices": 2, "zero": 3}),
+    ("fsdp", {"devices": 4, "zero": 3, "microbatches": 2}),
+    ("fsdp", {"devices": 8, "zero": 3}),
 ]
 
 
@@ -88,6 +96,8 @@ def _id(case):
 
 DEFAULT_FOR_LARGE = {
     "data-devices=8-allreduce=ring",
+    "fsdp-devices=8-zero=3",
+    "hybrid-devices=8-mesh=data=2,fsdp=2,model=2",
     "model-devices=4",
     "hybrid-devices=8-mesh=data=2,model=4",
 }
@@ -172,3 +182,45 @@ def test_pipeline_equals_single(schedule, stages, microbatches):
 )
 def test_pipeline_other_models(model):
     check(model, strategy="pipeline", devices=2, microbatches=2)
+
+
+DEEP_MLP = (("hidden", "32,32,32,32,32,32"),)  # 8 layers: room for 4 stages x 2 chunks
+SPLIT_DEFAULT = {("zb-h1", 4, 8), ("zbv", 4, 8), ("zbv", 2, 2), ("looped-bfs", 2, 4)}
+
+
+@pytest.mark.parametrize(
+    "schedule,stages,microbatches",
+    [
+        pytest.param(
+            sched,
+            p,
+            m,
+            id=f"{sched}-P{p}-M{m}",
+            marks=() if (sched, p, m) in SPLIT_DEFAULT else pytest.mark.slow,
+        )
+        for sched in ("zb-h1", "zbv", "looped-bfs")
+        for p in (2, 4)
+        for m in (2, 4, 8)
+    ],
+)
+def test_zero_bubble_and_looped_schedules_equal_single(schedule, stages, microbatches):
+    """The split backward (B then W, as separate programs) and the V placement give
+    ``single``'s losses and parameters (a deeper mlp, so 4 stages hold 2 chunks each)."""
+    spec = _deep_spec(
+        strategy="pipeline",
+        devices=stages,
+        schedule=schedule,
+        microbatches=microbatches,
+        chunks=2 if schedule == "looped-bfs" else 1,
+    )
+    assert_equivalent(spec, STEPS, reference=_deep_reference(), rtol=RTOL, atol=ATOL,
+                      loss_rtol=RTOL, loss_atol=ATOL)  # fmt: skip
+
+
+def _deep_spec(**kw) -> RunSpec:
+    return RunSpec(model="mlp", model_opts=DEEP_MLP, batch_size=32, progress=False, **kw)
+
+
+@functools.cache
+def _deep_reference():
+    return run_steps(_deep_spec(), STEPS)

@@ -285,16 +285,24 @@ def single_short(tmp_path_factory):
 
 
 @pytest.mark.mpi
-def test_mpi_data_two_processes_equal_single(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize(
+    "strategy",
+    [("data",), pytest.param(("fsdp", "--zero", "3"), marks=pytest.mark.slow, id="fsdp-zero3")],
+    ids=lambda s: s[0],
+)
+def test_mpi_data_two_processes_equal_single(tmp_path, tmp_path_factory, strategy):
+    """Two processes joined into one JAX runtime: plain and sharded (ZeRO-3) data
+    parallelism end where ``single`` does; only rank 0 writes."""
     out = tmp_path / "data"
     ref = single_reference(
         tmp_path_factory, "single64", "--model", "mlp", "--steps", "8", "--eval-every", "0"
     )
     mpi_ok(
         mpirun(
-            2, "--strategy", "data", "--model", "mlp", "--steps", "8", "--eval-every", "0", out=out
+            2, "--strategy", *strategy, "--model", "mlp", "--steps", "8", "--eval-every", "0",
+            out=out,
         )
-    )
+    )  # fmt: skip
     assert_params_close(params_of(load_leaves(out)), params_of(load_leaves(ref)))
     s = json.loads((out / "summary.json").read_text())
     assert s["devices"] == 2 and s["mesh"]["data"] == 2

@@ -44,14 +44,14 @@ def test_data_measured_bytes_equal_analytic(tmp_path, algo):
         )
     )
     assert s["comm_bytes_per_step"] == s["comm_bytes_per_step_analytic"] > 0
-    assert s["mesh"] == {"data": 8, "model": 1, "pipe": 1}
+    assert s["mesh"] == {"data": 8, "fsdp": 1, "model": 1, "pipe": 1}
 
 
 def test_model_and_hybrid_report_measured_bytes(tmp_path):
     m = fit(
         RunSpec(strategy="model", devices=4, model="mlp", steps=2, out=str(tmp_path / "m"), **QUIET)
     )
-    assert m["mesh"] == {"data": 1, "model": 4, "pipe": 1}
+    assert m["mesh"] == {"data": 1, "fsdp": 1, "model": 4, "pipe": 1}
     # The mlp's one all-reduce (the row layer's output, 64 x 256 fp32) over 4 devices, ring
     # bytes summed over the devices: 4 x 2 (4 - 1) / 4 x 65536.
     assert m["comm_bytes_by_collective"] == {"all-reduce": 4 * 2 * 3 * 65536 // 4}
@@ -66,7 +66,7 @@ def test_model_and_hybrid_report_measured_bytes(tmp_path):
             **QUIET,
         )
     )
-    assert h["mesh"] == {"data": 2, "model": 4, "pipe": 1}
+    assert h["mesh"] == {"data": 2, "fsdp": 1, "model": 4, "pipe": 1}
     assert h["comm_bytes_per_step"] == sum(h["comm_bytes_by_collective"].values())
     # At least the gradient all-reduce over data=2: every device sends its local share of
     # the fp32 gradients once (2 (2 - 1) / 2), split layers 1/4 per device.
@@ -165,6 +165,19 @@ def test_compressed_bytes_equal_analytic(tmp_path, codec):
             {"strategy": "hybrid", "devices": 2, "allreduce": "ring"},
             "--allreduce is an option of --strategy data, not of --strategy hybrid",
         ),
+        ({"strategy": "fsdp", "devices": 2, "zero": 0}, "--zero must be an integer in [1, 3]"),
+        (
+            {"strategy": "fsdp", "devices": 4, "mesh": "data=2,model=2"},
+            "--strategy fsdp uses only the data axis; use --strategy hybrid",
+        ),
+        (
+            {"strategy": "hybrid", "devices": 4, "mesh": "fsdp=4", "preset": "owt"},
+            "--preset owt does not combine with an fsdp axis",
+        ),
+        (
+            {"strategy": "hybrid", "devices": 4, "mesh": "fsdp=4", "batch_size": 30},
+            "--batch-size 30 does not split into 4 shards",
+        ),
     ],
 )
 def test_bad_parallel_settings(kw, message):
@@ -230,6 +243,14 @@ def test_300_steps_on_digits_data_and_hybrid_match_single(tmp_path):
             "needs the 8 layers of lenet5 to divide into 2 x 3 = 6 equal chunks",
         ),
         ({"strategy": "pipeline", "devices": 2, "stages": 4}, "--stages 4 needs --devices 4"),
+        (
+            {"strategy": "pipeline", "devices": 2, "schedule": "zbv", "chunks": 2},
+            "--chunks 2 needs --schedule interleaved or looped-bfs",
+        ),
+        (
+            {"strategy": "pipeline", "devices": 8, "schedule": "zbv", "model": "mlp"},
+            "8 stages x 2 chunks = 16 need at least as many layers; mlp has 4",
+        ),
         (
             {"strategy": "data", "devices": 2, "plot_schedule": "x.png"},
             "--plot-schedule is an option of --strategy hybrid, pipeline, not of --strategy data",

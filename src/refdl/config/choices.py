@@ -12,8 +12,16 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
 ALLREDUCE = ("xla", "ring", "tree", "halving-doubling")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "looped-bfs")
+LOOPED = ("interleaved", "looped-bfs")  # schedules taking --chunks (chunk c at c * p + s)
+SPLIT_BACKWARD = ("zb-h1", "zbv")  # schedules splitting the backward into B and W
 PS_MODES = ("sync", "async", "ssp")
 ORDERS = ("atc", "cta")  # decentralized: adapt-then-combine, combine-then-adapt
 TOPOLOGIES = ("ring", "torus", "exp2", "complete")
 PRESETS = ("tensor", "owt")
+
+
+def chunks_of(schedule: str, chunks: int) -> int:
+    """Model chunks per device under ``schedule``: ZB-V always 2 (its V), the looped
+    schedules ``chunks``, the others 1."""
+    return 2 if schedule == "zbv" else (chunks if schedule in LOOPED else 1)

@@ -1,4 +1,4 @@
-"""``MeshSpec``: the validated degrees of the device mesh (axes ``data``, ``model``, ``pipe``).
+"""``MeshSpec``: the validated degrees of the device mesh (``data``, ``fsdp``, ``model``, ``pipe``).
 
 Like torchtitan's ParallelDims: checked once, without devices, with messages
 that say what to change. ``-1`` means "the rest of the devices".
@@ -8,7 +8,11 @@ that say what to change. ``-1`` means "the rest of the devices".
   global batch must be a multiple of ``data * m``.
 - ``model``: every layer dimension named for tensor parallelism must divide by
   ``model``;
-- ``pipe``: pipeline stages; needs at least ``pipe`` layers.
+- ``pipe``: pipeline stages; needs at least ``pipe`` layers;
+- ``fsdp``: sharded data parallelism (MaxText's ``fsdp`` axis): the batch is split
+  over ``data x fsdp`` and every parameter (and its optimizer state) is split over
+  ``fsdp`` along a dimension that divides (``refdl.config.rules.param_spec``);
+  XLA gathers a parameter where it is used and reduce-scatters its gradient.
 
 Those checks against the batch and the model live in ``refdl.config.checks``.
 """
@@ -24,36 +28,37 @@ from jax.sharding import AxisType
 
 from refdl.errors import UsageError
 
-AXES = ("data", "model", "pipe")
+AXES = ("data", "fsdp", "model", "pipe")  # the device mesh's axes, outermost first
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """Degrees of the three mesh axes; their product is the device count."""
+    """Degrees of the four mesh axes; their product is the device count."""
 
     data: int = 1
     model: int = 1
     pipe: int = 1
+    fsdp: int = 1
 
     @property
     def size(self) -> int:
-        return self.data * self.model * self.pipe
+        return self.data * self.fsdp * self.model * self.pipe
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.data, self.model, self.pipe)
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.data, self.fsdp, self.model, self.pipe)
 
     def as_dict(self) -> dict[str, int]:
-        return {"data": self.data, "model": self.model, "pipe": self.pipe}
+        return {"data": self.data, "fsdp": self.fsdp, "model": self.model, "pipe": self.pipe}
 
     @classmethod
     def parse(cls, text: str | None, devices: int) -> MeshSpec:
         """``"data=2,model=4"`` on ``devices`` devices; unnamed axes are 1, ``-1`` the rest.
 
         >>> MeshSpec.parse("data=2,model=-1", 8)
-        MeshSpec(data=2, model=4, pipe=1)
+        MeshSpec(data=2, model=4, pipe=1, fsdp=1)
         >>> MeshSpec.parse(None, 4)
-        MeshSpec(data=4, model=1, pipe=1)
+        MeshSpec(data=4, model=1, pipe=1, fsdp=1)
         """
         if not isinstance(devices, int) or devices <= 0:
             raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
@@ -93,7 +98,7 @@ class MeshSpec:
         if spec.size != devices:
             raise UsageError(
                 f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
-                f"make data x model x pipe = {devices} (or use -1 for one axis)"
+                f"make data x fsdp x model x pipe = {devices} (or use -1 for one axis)"
             )
         return spec
 
@@ -103,9 +108,9 @@ class MeshSpec:
         ``pipe`` 2 when at least 2 remain for ``data``, the rest on ``data``.
 
         >>> MeshSpec.factor(8)
-        MeshSpec(data=2, model=2, pipe=2)
+        MeshSpec(data=2, model=2, pipe=2, fsdp=1)
         >>> MeshSpec.factor(4), MeshSpec.factor(1)
-        (MeshSpec(data=2, model=2, pipe=1), MeshSpec(data=1, model=1, pipe=1))
+        (MeshSpec(data=2, model=2, pipe=1, fsdp=1), MeshSpec(data=1, model=1, pipe=1, fsdp=1))
         """
         model = 2 if devices % 2 == 0 else 1
         rest = devices // model
@@ -113,13 +118,14 @@ class MeshSpec:
         return cls(data=rest // pipe, model=model, pipe=pipe)
 
     def text(self) -> str:
-        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``)."""
-        return ",".join(f"{k}={v}" for k, v in self.as_dict().items())
+        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``; ``fsdp`` only
+        when it is used)."""
+        return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if k != "fsdp" or v > 1)
 
     def make(self, devices: Sequence) -> object:
-        """The ``jax.sharding.Mesh`` over ``devices`` with axes ``(data, model, pipe)``."""
+        """The ``jax.sharding.Mesh`` over ``devices`` with axes ``AXES``."""
         if len(devices) != self.size:
             raise UsageError(f"mesh {self.as_dict()} needs {self.size} devices, got {len(devices)}")
         return jax.make_mesh(
-            self.shape, AXES, axis_types=(AxisType.Auto,) * 3, devices=list(devices)
+            self.shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=list(devices)
         )

@@ -50,6 +50,26 @@ def partition_spec(axes: tuple[str | None, ...], rules: dict[str, MeshAxes]) -> 
     return PartitionSpec(*(rules.get(a) if a else None for a in axes))
 
 
+def param_spec(
+    axes: tuple[str | None, ...], shape: tuple[int, ...], rules: dict[str, MeshAxes], fsdp: int
+) -> PartitionSpec:
+    """The parameter's PartitionSpec from its logical axes, and, with an ``fsdp`` degree
+    > 1, its largest dimension that the rules leave whole and ``fsdp`` divides split over
+    the ``fsdp`` axis (a parameter with none stays replicated over it).
+
+    >>> param_spec(("embed", "mlp"), (64, 256), TENSOR_RULES, 4)
+    PartitionSpec('fsdp', 'model')
+    >>> param_spec(("mlp",), (10,), {}, 4)
+    PartitionSpec(None,)
+    """
+    spec = list(partition_spec(axes, rules))
+    if fsdp > 1:
+        free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp == 0]
+        if free:
+            spec[max(free, key=lambda d: shape[d])] = "fsdp"
+    return PartitionSpec(*spec)
+
+
 def degree(mesh: MeshSpec, axes: MeshAxes) -> int:
     """How many ways ``axes`` (one mesh axis, several, or none) split a dimension."""
     if axes is None:

@@ -79,6 +79,9 @@ class RunSpec:
     # of p stages idles (p-1)/(m+p-1) of its step (GPipe, 1F1B); default 4 for pipelines.
     microbatches: int | None = option(None, Optional(Int(min=1, max=1 << 16)), "microbatches")
     compress: str | None = option(None, Optional(Text()), "data: gradient compression")
+    zero: int = option(
+        3, Int(min=1, max=3), "fsdp: ZeRO stage (1 optimizer state, 2 + gradients, 3 + parameters)"
+    )
     preset: str | None = option(None, Optional(Choice(PRESETS)), "hybrid: rules preset")
     stages: int | None = option(None, Optional(Int(min=1, max=1 << 16)), "pipeline stages")
     schedule: str = option("1f1b", Choice(PIPELINE_SCHEDULES), "pipeline schedule")

@@ -213,8 +213,6 @@ class Watchdog:
                 os._exit(3)  # not reached: Abort ends the process
 
 
-
-
 def agree(flag: bool) -> bool:
     """Under mpirun, whether any rank's ``flag`` is set (every rank must call it at the
     same point); in one process, ``flag``."""

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from refdl.comm.topology import adjacency
+from refdl.config.choices import SPLIT_BACKWARD, chunks_of
 from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
-from refdl.parallel.schedule import analytic_bubble
+from refdl.parallel.schedule import bubble as bubble_fraction
 from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
 from refdl.perf.collectives import (
     ALLREDUCE,
@@ -111,6 +112,39 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     )
 
 
+@COSTS.register("fsdp")
+def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """ZeRO stage ``opts.zero`` over P workers (Rajbhandari et al. 2020): data-parallel
+    compute of B/P samples; ring reduce-scatters and all-gathers of the fp32 parameters
+    ``Psi``: 2 (stage 1), m + 1 (stage 2, m microbatches), 3m (stage 3) - ``(P-1)/P Psi``
+    per rank each, the paper's 2Psi, 2Psi, 3Psi for m = 1 (``refdl.strategies.fsdp``).
+    Stages 2 and 3 recompute each layer's forward in its backward (4/3 of the FLOPs).
+    Memory per rank (the paper's figure 1): parameters Psi (stage 3: Psi/P), gradients Psi
+    (stages 2, 3: Psi/P), optimizer words K Psi/P, activations of B/P samples; stage 3 also
+    holds one layer's gathered parameters (Psi / layers, the mean layer)."""
+    p, z, mb = workers, opts.zero, opts.microbatches if opts.zero > 1 else 1
+    b = batch / p
+    remat = 4 / 3 if z > 1 else 1.0
+    t = compute_time(m.flops(b) * remat, m.bytes(b) * remat, hw, ops=m.ops * remat,
+                     sharing=p, work=m.op_work(b).scaled(share=remat, repeat=remat),
+                     **host_work(m, batch, p))  # fmt: skip
+    rounds = {1: 2, 2: mb + 1, 3: 3 * mb}[z]
+    psi = m.param_bytes
+    comm = rounds * allgather_ring(psi, p, _link(hw, p, opts))
+    params = psi / p if z == 3 else psi
+    grads = psi if z == 1 else psi / p
+    mem = params + grads + opts.optimizer_words * psi / p + b * m.activation_bytes_per_sample
+    if z == 3:
+        mem += psi / max(m.layers, 1)
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=exposed(comm, t, opts.overlap),
+        memory_bytes=int(mem),
+        flops=m.flops(b) * remat,
+        comm_bytes=rounds * (p - 1) * psi if p > 1 else 0,
+    )
+
+
 @COSTS.register("model")
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
@@ -130,10 +164,12 @@ def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
 @COSTS.register("pipeline")
 def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """P balanced stages, M microbatches: each stage computes 1/P of the step; the bubble
-    is the schedule table's idle share ``f`` (``bubble_s = compute * f / (1 - f)``); two
-    point-to-point messages (activation, gradient) of B/M boundary samples per slot."""
+    is the schedule table's idle share ``f`` (``bubble_s = compute * f / (1 - f)``; the
+    closed form where one holds, ``refdl.parallel.schedule.bubble``); two point-to-point
+    messages (activation, gradient) of B/M boundary samples per slot. The zero-bubble
+    schedules make three calls per microbatch and chunk (F, B, W) instead of two."""
     p, mb = workers, opts.microbatches
-    v = opts.chunks if opts.schedule == "interleaved" else 1
+    v = chunks_of(opts.schedule, opts.chunks)
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
     # The host executor makes one call per forward and per backward of a microbatch on a
@@ -141,7 +177,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     # 1/p of the step's operations.
     # Host: each call passes a stage's share of the state and a microbatch (or its
     # gradient), each forward and backward puts one array on its stage's device.
-    calls = 2 * mb * p * v + p
+    calls = (3 if opts.schedule in SPLIT_BACKWARD else 2) * mb * p * v + p
     t = compute_time(
         m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p,
         concurrent=False, work=m.op_work(batch / mb).scaled(share=mb / p, repeat=mb / p),
@@ -149,22 +185,25 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
         transfer=(2 * mb * p * v, batch * (m.input_bytes_per_sample
                                            + 2 * m.boundary_bytes_per_sample)),
     )  # fmt: skip
-    f = analytic_bubble(opts.schedule, p, mb, v) if p > 1 else 0.0
+    f = bubble_fraction(opts.schedule, p, mb, opts.chunks) if p > 1 else 0.0
     if getattr(getattr(hw, "device", None), "shared_cores", False):
         f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
     link = _link(hw, 2, opts)
     slots = mb * v + p - 1
     msg = (batch / mb) * m.boundary_bytes_per_sample
     comm = 2 * slots * (link.alpha + msg * link.beta) if p > 1 else 0.0
-    stash = (mb if opts.schedule == "gpipe" else min(p, mb)) * (batch / mb)
+    # Microbatches whose activations a stage holds at once (the table's peak stash, in
+    # stage units): all of them breadth-first, 1F1B's p otherwise (a ZB-V chunk is half).
+    stash = (mb if opts.schedule in ("gpipe", "looped-bfs") else min(p, mb)) * (batch / mb)
     mem = _state_bytes(m, opts, p) + stash * m.activation_bytes_per_sample / p
+    crossings = p * v - 1 - (1 if opts.schedule == "zbv" else 0)  # the V turns on a device
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
         bubble_s=t * f / (1 - f),
         memory_bytes=int(mem),
         flops=m.flops(batch) / p,
-        comm_bytes=2 * mb * (p - 1) * msg,
+        comm_bytes=2 * mb * crossings * msg,
     )
 
 
@@ -190,7 +229,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, _link(hw, workers, opts))
     bubble = 0.0
     if pp > 1:
-        f = analytic_bubble(opts.schedule, pp, opts.microbatches, 1)
+        f = bubble_fraction(opts.schedule, pp, opts.microbatches, opts.chunks)
         bubble = t * f / (1 - f)
     mem = _state_bytes(m, opts, tp * pp) + b * m.activation_bytes_per_sample / pp
     return CostBreakdown(

@@ -5,8 +5,12 @@ The state and the batch get ``NamedSharding``s and XLA's SPMD partitioner
 all-reduced over it), parameters are split on ``model`` where their logical
 axis names say so (Megatron-style tensor parallelism, the ``model`` strategy's
 rules). Model code stays single-device: only the rules table
-(``refdl.config.rules``, ``--preset tensor|owt``) decides. With ``pipe`` > 1 the
-layers are cut into stages over ``pipe``, each stage on its ``data x model``
+(``refdl.config.rules``, ``--preset tensor|owt``) decides. An ``fsdp`` axis splits
+the batch further and every parameter with its optimizer state
+(``refdl.config.rules.param_spec``): XLA all-gathers a parameter where it is used
+and reduce-scatters its gradient (sharded data parallelism as GSPMD places it;
+``--strategy fsdp`` writes the ZeRO stages out by hand). With ``pipe`` > 1 the
+layers are cut into stages over ``pipe``, each stage on its ``data x fsdp x model``
 sub-mesh, run by the pipeline executor (``refdl.strategies.pipeline``).
 """
 
@@ -22,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
-from refdl.config.rules import partition_spec
+from refdl.config.rules import param_spec
 from refdl.core.state import TrainState
 from refdl.strategies.base import Batch, History, Strategy, register
 from refdl.strategies.pipeline import Pipeline
@@ -33,7 +37,7 @@ class Hybrid(Strategy):
     """Data x model x pipe parallelism on one mesh, collectives placed by XLA."""
 
     traits = Traits(
-        axes=("data", "model", "pipe"),
+        axes=("data", "fsdp", "model", "pipe"),
         options=frozenset(
             {"mesh", "preset", "schedule", "chunks", "stage_boundaries", "plot_schedule"}
         ),
@@ -66,9 +70,11 @@ class Hybrid(Strategy):
         """Shardings for every leaf of ``state``: parameters and their optimizer moments split
         by the rules, everything else replicated."""
         params = jax.tree.map(
-            lambda a: NamedSharding(self.mesh, partition_spec(a, self.plan.rules)),
+            lambda a, names: NamedSharding(
+                self.mesh, param_spec(names, a.shape, self.plan.rules, self.plan.mesh.fsdp)
+            ),
+            state.params,
             self.task.logical_axes,
-            is_leaf=lambda a: isinstance(a, tuple),
         )
         opt = optax.tree_map_params(
             self.task.optimizer,

@@ -1,18 +1,22 @@
 """``pipeline``: consecutive layers form stages on different devices; microbatches flow
-through them in the order a schedule table gives (``refdl.pipeline.schedule``).
+through them in the order a schedule table gives (``refdl.parallel.schedule``).
 
 The model's layers are cut into ``stages x chunks`` contiguous virtual stages,
-balanced by parameter count; virtual stage ``k`` lives on device ``k % stages``.
-The executor walks the table slot by slot: in each slot it dispatches every
-stage's operation (asynchronously, so the devices run concurrently), then waits
-for them and records when each finished. A forward sends its output activation
-to the next stage's device; a backward recomputes its stage's forward under
+balanced by parameter count; the schedule places virtual stage ``k`` on a device
+(``k % stages`` for the looped schedules, a V for ZB-V). The executor walks the
+table slot by slot: in each slot it dispatches every stage's operation
+(asynchronously, so the devices run concurrently), then waits for them and
+records when each finished. A forward sends its output activation to the next
+virtual stage's device; a backward recomputes its chunk's forward under
 ``jax.vjp`` from the stashed input (rematerialisation), accumulates the
-parameter gradient and sends the input gradient back. The last stage's loss
-is scaled by ``1/microbatches``, so the summed gradient is the full batch's
-and the step equals ``single``'s. Each stage then applies the optimizer to its
-own parameters (optax's sgd/momentum/nesterov/adam are element-wise, so
-per-stage updates equal one update of the whole tree).
+parameter gradient and sends the input gradient back. The zero-bubble schedules
+split that backward into two programs: ``B`` (the gradient w.r.t. the chunk's
+input, sent back at once) and ``W`` (w.r.t. its parameters, run later from the
+kept input and output gradient). The last stage's loss is scaled by
+``1/microbatches``, so the summed gradient is the full batch's and the step
+equals ``single``'s. Each stage then applies the optimizer to its own
+parameters (optax's sgd/momentum/nesterov/adam are element-wise, so per-stage
+updates equal one update of the whole tree).
 
 Bubble accounting: ``bubble_fraction_analytic`` is read off the table
 (idle share of ``stages x slots``); ``bubble_fraction_measured`` is
@@ -23,7 +27,7 @@ operation is busy from its slot's start until its result is ready.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,17 +36,20 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
-from refdl.config.rules import partition_spec
+from refdl.config.rules import param_spec
 from refdl.core.losses import LOSSES
 from refdl.core.state import TrainState
 from refdl.parallel.schedule import build as build_schedule
+from refdl.parallel.schedule import device_of
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
 
 
 @register("pipeline")
 class Pipeline(Strategy):
-    """GPipe, 1F1B or interleaved 1F1B over ``--stages`` devices, executed from the table."""
+    """GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1 or ZB-V over ``--stages`` devices,
+    executed from the table."""
 
     traits = Traits(
         axes=("pipe",),
@@ -50,19 +57,20 @@ class Pipeline(Strategy):
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
-        """One stage per device; under ``hybrid`` (``plan.mesh`` with ``data`` or ``model``
-        > 1) each stage owns the ``data x model`` sub-mesh at its ``pipe`` index and its
-        parameters are split by the plan's tensor-parallel rules."""
+        """One stage per device; under ``hybrid`` (``plan.mesh`` with ``data``, ``fsdp`` or
+        ``model`` > 1) each stage owns the ``data x fsdp x model`` sub-mesh at its ``pipe``
+        index and its parameters are split by the plan's rules."""
         super().__init__(task, spec, plan, devices, batches)
         p, v, m = plan.mesh.pipe, plan.chunks, plan.microbatches
         mesh = plan.mesh.make(devices)
-        self.submeshes = [Mesh(mesh.devices[:, :, s], ("data", "model")) for s in range(p)]
+        self.submeshes = [Mesh(mesh.devices[..., s], AXES[:-1]) for s in range(p)]
         self.rules = plan.rules if plan.mesh.size > p else {}
-        self.schedule = build_schedule(spec.schedule, p, m, v)
+        self.schedule = build_schedule(spec.schedule, p, m, spec.chunks)
         self.boundaries = list(plan.cuts)
         self.chunks = task.model.split(self.boundaries)
         self.p, self.v, self.m = p, v, m
         self.k_last = p * v - 1
+        self.device = [device_of(spec.schedule, p, k)[0] for k in range(p * v)]
         self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
         self.shardings = [
             self.state_sharding(k, self.stage_state(self.abstract, k))
@@ -71,19 +79,21 @@ class Pipeline(Strategy):
         self._jit()
 
     def act_sharding(self, k: int) -> NamedSharding:
-        """Where virtual stage ``k``'s inputs live: its sub-mesh, batch split on ``data``."""
-        return NamedSharding(self.submeshes[k % self.p], P("data"))
+        """Where virtual stage ``k``'s inputs live: its sub-mesh, the batch split as the plan
+        says (``data``, or ``data x fsdp``)."""
+        return NamedSharding(self.submeshes[self.device[k]], P(self.plan.batch_axes))
 
     def state_sharding(self, k: int, st: TrainState) -> TrainState:
         """Virtual stage ``k``'s state on its sub-mesh: parameters (and their optimizer
         moments) split by the tensor-parallel rules, everything else replicated."""
-        mesh = self.submeshes[k % self.p]
+        mesh = self.submeshes[self.device[k]]
         rep = NamedSharding(mesh, P())
+        fsdp = self.plan.mesh.fsdp
         params = {
             key: jax.tree.map(
-                lambda a: NamedSharding(mesh, partition_spec(a, self.rules)),
+                lambda a, names: NamedSharding(mesh, param_spec(names, a.shape, self.rules, fsdp)),
+                st.params[key],
                 self.task.logical_axes[key],
-                is_leaf=lambda a: isinstance(a, tuple),
             )
             for key in st.params
         }
@@ -102,28 +112,32 @@ class Pipeline(Strategy):
         scale = 1.0 / self.m
 
         def make(chunk, last):
-            def fwd(params, state, x):
-                return chunk.apply(params, state, x, train=True)
+            """Chunk ``chunk``'s programs: forward; backward (both gradients); and the split
+            backward's input-gradient and weight-gradient halves. On the last virtual stage
+            the output gradient is the scaled loss's, so ``g`` is the labels there."""
+
+            def out(p_, state, x_, g):
+                y = chunk.apply(p_, state, x_, train=True)[0]
+                return loss_fn(y, g) * scale if last else y
+
+            def fwd(params, state, x, *y):
+                o, new_state = chunk.apply(params, state, x, train=True)
+                return (loss_fn(o, y[0]) if last else o), new_state
+
+            def pull(f, primal, g):  # the vector-Jacobian product of f at primal, with g
+                value, vjp = jax.vjp(f, primal)
+                return vjp(jnp.ones_like(value) if last else g)[0]
 
             def bwd(params, state, x, g):
-                _, vjp = jax.vjp(
-                    lambda p_, x_: chunk.apply(p_, state, x_, train=True)[0], params, x
-                )
-                return vjp(g)
+                return pull(lambda px: out(px[0], state, px[1], g), (params, x), g)
 
-            def fwd_loss(params, state, x, y):
-                out, new_state = chunk.apply(params, state, x, train=True)
-                return loss_fn(out, y), new_state
+            def bwd_input(params, state, x, g):
+                return pull(lambda x_: out(params, state, x_, g), x, g)
 
-            def bwd_loss(params, state, x, y):
-                def f(p_, x_):
-                    return loss_fn(chunk.apply(p_, state, x_, train=True)[0], y) * scale
+            def bwd_weight(params, state, x, g):
+                return pull(lambda p_: out(p_, state, x, g), params, g)
 
-                return jax.grad(f, argnums=(0, 1))(params, x)
-
-            if last:
-                return jax.jit(fwd_loss), jax.jit(bwd_loss)
-            return jax.jit(fwd), jax.jit(bwd)
+            return Programs(*(jax.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
 
         self._fns = [make(c, k == self.k_last) for k, c in enumerate(self.chunks)]
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
@@ -178,18 +192,33 @@ class Pipeline(Strategy):
     # -- one step: walk the table --------------------------------------------------------------
 
     def train_step(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
-        m = self.m
-        xs = np.split(batch["x"], m)
-        ys = np.split(batch["y"], m)
+        xs = np.split(batch["x"], self.m)
+        ys = np.split(batch["y"], self.m)
         stash: dict[tuple[int, int], Any] = {}  # (mb, k) -> input activation of k
-        out: dict[tuple[int, int], Any] = {}  # (mb, k) -> output activation of k
-        grad_out: dict[tuple[int, int], Any] = {}  # (mb, k) -> d loss / d output of k
+        sent: dict[tuple[int, int], Any] = {}  # (mb, k) -> k's output, or d loss / d output
+        kept: dict[tuple[int, int], Any] = {}  # (mb, k) -> output gradient kept for W
         gsum: list[Any] = [None] * len(self.chunks)
         new_model_state = [s.model_state for s in state]
         losses = []
         timeline: list[tuple[int, str, float, float]] = []
         p2p = 0
         live, peak = [0] * self.p, [0] * self.p  # stashed activation bytes per device
+
+        def receive(value: Any, k: int, origin: int) -> Any:
+            """``value`` moved to virtual stage ``k``'s devices from ``origin``'s."""
+            nonlocal p2p
+            value = jax.device_put(value, self.act_sharding(k))
+            p2p += value.nbytes if self.device[origin] != self.device[k] else 0
+            return value
+
+        def hold(s: int, nbytes: int) -> None:
+            live[s] += nbytes
+            peak[s] = max(peak[s], live[s])
+
+        def accumulate(k: int, g: Any) -> Any:
+            gsum[k] = g if gsum[k] is None else self._add(gsum[k], g)
+            return gsum[k]
+
         t0 = time.perf_counter()
         for row in self.schedule.table:
             start = time.perf_counter() - t0
@@ -197,42 +226,41 @@ class Pipeline(Strategy):
             for s, op in enumerate(row):
                 if op is None:
                     continue
-                k = op.chunk * self.p + s
-                st, dev = state[k], self.act_sharding(k)
-                fwd, bwd = self._fns[k]
+                k, mb = self.schedule.virtual(s, op), op.mb
+                params, fns, last = state[k].params, self._fns[k], k == self.k_last
                 if op.kind == "F":
                     if k == 0:
-                        x = jax.device_put(xs[op.mb], dev)
+                        x = jax.device_put(xs[mb], self.act_sharding(k))
                     else:
-                        x = jax.device_put(out.pop((op.mb, k - 1)), dev)
-                        p2p += x.nbytes
-                    stash[(op.mb, k)] = x
-                    live[s] += x.nbytes
-                    peak[s] = max(peak[s], live[s])
-                    if k == self.k_last:
-                        loss, new_model_state[k] = fwd(
-                            st.params, new_model_state[k], x, jax.device_put(ys[op.mb], dev)
-                        )
-                        losses.append(loss)
-                        result = loss
+                        x = receive(sent.pop((mb, k - 1)), k, k - 1)
+                    stash[(mb, k)] = x
+                    hold(s, x.nbytes)
+                    y = (jax.device_put(ys[mb], self.act_sharding(k)),) if last else ()
+                    result, new_model_state[k] = fns.fwd(params, new_model_state[k], x, *y)
+                    if last:
+                        losses.append(result)
+                        kept[(mb, k)] = y[0]  # the labels stand for the output gradient
                     else:
-                        result, new_model_state[k] = fwd(st.params, new_model_state[k], x)
-                        out[(op.mb, k)] = result
-                else:
-                    x = stash.pop((op.mb, k))
-                    live[s] -= x.nbytes
-                    if k == self.k_last:
-                        g_params, g_x = bwd(
-                            st.params, st.model_state, x, jax.device_put(ys[op.mb], dev)
-                        )
-                    else:
-                        g = jax.device_put(grad_out.pop((op.mb, k)), dev)
-                        p2p += g.nbytes
-                        g_params, g_x = bwd(st.params, st.model_state, x, g)
-                    gsum[k] = g_params if gsum[k] is None else self._add(gsum[k], g_params)
-                    if k > 0:
-                        grad_out[(op.mb, k - 1)] = g_x
-                    result = g_x
+                        sent[(mb, k)] = result
+                    pending.append((s, str(op), result))
+                    continue
+                if op.kind == "B" and (mb, k) not in kept:  # the output gradient arrives
+                    kept[(mb, k)] = receive(sent.pop((mb, k)), k, k + 1)
+                    hold(s, kept[(mb, k)].nbytes if self.schedule.split_backward else 0)
+                x, g = stash[(mb, k)], kept[(mb, k)]
+                if op.kind == "B" and not self.schedule.split_backward:
+                    result = g_params, g_x = fns.bwd(params, state[k].model_state, x, g)
+                    accumulate(k, g_params)
+                elif op.kind == "B":
+                    result = g_x = fns.bwd_input(params, state[k].model_state, x, g)
+                else:  # W: the weight gradient, from the kept input and output gradient
+                    result = accumulate(k, fns.bwd_weight(params, state[k].model_state, x, g))
+                if op.kind == "B" and k > 0:
+                    sent[(mb, k - 1)] = g_x
+                if op.kind == ("W" if self.schedule.split_backward else "B"):
+                    del stash[(mb, k)], kept[(mb, k)]
+                    held = x.nbytes + (g.nbytes if self.schedule.split_backward and not last else 0)
+                    live[s] -= held
                 pending.append((s, str(op), result))
             for s, name, result in pending:
                 jax.block_until_ready(result)
@@ -269,6 +297,15 @@ class Pipeline(Strategy):
             "p2p_messages_per_step": self.schedule.p2p_messages(),
             "comm_bytes_per_step": (history.get("comm_bytes") or [None])[-1],
         }
+
+
+class Programs(NamedTuple):
+    """One virtual stage's compiled programs (``refdl.strategies.pipeline.Pipeline._jit``)."""
+
+    fwd: Any
+    bwd: Any
+    bwd_input: Any
+    bwd_weight: Any
 
 
 def _by_path(tree: Any) -> dict[str, Any]:
