@@ -96,7 +96,7 @@ def test_perturbed_pytorch_side_fails_with_a_readable_report():
     assert proc.returncode == 1, proc.stderr[-2000:]
     out = proc.stdout
     assert "FAIL first loss" in out and "FAIL parameters after 1 update" in out
-    assert out.strip().splitlines()[-1].startswith("FAILED: PyTorch and refdl differ")
+    assert out.strip().splitlines()[-1].startswith("FAILED: torch and refdl differ")
 
 
 def test_native_batchnorm_is_refused_for_ddp():
@@ -114,7 +114,7 @@ def test_validate_cli_json_and_bad_input(capsys):
     bad = run_module("refdl.validate", "--strategy", "ps", "--model", "mlp")
     assert bad.returncode == 2
     assert (
-        bad.stderr.strip().splitlines()[-1].startswith("refdl.validate: error: validate compares")
+        bad.stderr.strip().splitlines()[-1].startswith("refdl.validate: error: the torch adapter")
     )
 
 

@@ -38,16 +38,23 @@ def _digits_file() -> Path:
     return path
 
 
-def load_digits() -> ArrayDataset:
-    """The 1,797 8x8 digits with the fixed 1,437 / 360 split."""
+def load_digits(size: int = 8) -> ArrayDataset:
+    """The 1,797 8x8 digits with the fixed 1,437 / 360 split; ``size`` > 8 enlarges each
+    pixel to ``size // 8`` squared and centres the digit on a zero border (``size=28``:
+    MNIST's 28x28 frame, the digit in its central 24x24, as LeNet-5's studies fed it)."""
     path = _digits_file()
     with gzip.open(path, "rt") as f:
         raw = np.loadtxt(f, delimiter=",", dtype=np.float32)
     x = (raw[:, :64] / 16.0).reshape(-1, 8, 8, 1).astype(np.float32)
+    if size > 8:
+        k = size // 8
+        x = np.repeat(np.repeat(x, k, axis=1), k, axis=2)
+        lo = (size - 8 * k) // 2
+        x = np.pad(x, ((0, 0), (lo, size - 8 * k - lo), (lo, size - 8 * k - lo), (0, 0)))
     y = raw[:, 64].astype(np.int32)
     perm = np.random.default_rng(0).permutation(len(x))
     tr, te = perm[:-DIGITS_TEST], perm[-DIGITS_TEST:]
-    info = DataInfo("digits", "image", (8, 8, 1), "float32", 10, len(tr), len(te))
+    info = DataInfo("digits", "image", (size, size, 1), "float32", 10, len(tr), len(te))
     return ArrayDataset(info, (x[tr], y[tr]), (x[te], y[te]))
 
 
@@ -76,7 +83,15 @@ def load_pytext(seq_len: int = 20, level: str = "char", vocab_size: int = 5000) 
     return text_dataset("pytext", ids[:cut], ids[cut:], vocab, seq_len)
 
 
-register(DatasetDef("digits", load_digits, "image", {}, doc="8x8 handwritten digits"))
+register(
+    DatasetDef(
+        "digits",
+        load_digits,
+        "image",
+        {"size": Option(8, Int(8, 256), "image side; > 8 enlarges and centres (28: MNIST's)")},
+        doc="8x8 handwritten digits",
+    )
+)
 register(
     DatasetDef(
         "pytext",

@@ -109,13 +109,13 @@ def _count(tree: Any) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def model_cost(name: str) -> ModelCost:
+def model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) -> ModelCost:
     """The cost of one training step of ``name``: a shape-only model, or one of refdl's
-    models on its default data set's shapes."""
+    models on its default data set's shapes (with ``data_opts``, e.g. digits at 28x28)."""
     if name in SHAPE_MODELS.names():
         return _shape_model_cost(SHAPE_MODELS.get(name))
     if name in MODELS.names():
-        return _refdl_model_cost(name)
+        return _refdl_model_cost(name, data_opts)
     raise UsageError(
         f"unknown --model {name!r}; shape-only: {', '.join(SHAPE_MODELS.names())}; "
         f"refdl models: {', '.join(MODELS.names())}"
@@ -153,10 +153,10 @@ def _shape_model_cost(m: ShapeModel) -> ModelCost:
     return _finish(m.name, params, costs, outs)
 
 
-def _refdl_model_cost(name: str) -> ModelCost:
+def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) -> ModelCost:
     """refdl's own model (``refdl.models``) on its default data set, costed from the
     real ``Task.step`` lowered at batch 1 and 2."""
-    spec = resolve(RunSpec(model=name))
+    spec = resolve(RunSpec(model=name, data_opts=data_opts))
     dataset = load_data(spec)
     task = make_task(spec, dataset)
     state = task.abstract_state()

@@ -2,12 +2,17 @@
 
 Two modes:
 
-- ``--framework torch --strategy single|data|pipeline --model M --steps N``
-  trains the same model from the same initial weights on the same batches with
-  the same optimizer and learning rates in refdl and in PyTorch (plain,
-  ``DistributedDataParallel`` over gloo, or ``torch.distributed.pipelining``),
-  and reports the per-step loss difference, the final parameter difference
-  (max abs, relative L2) and Deep500's error metrics. Exit status 1 when a
+- ``--framework torch|tensorflow|mxnet --strategy single|data|pipeline|ps --model M
+  --steps N`` trains the same model from the same initial weights on the same
+  batches with the same optimizer and learning rates in refdl and in the framework
+  - PyTorch (plain, ``DistributedDataParallel`` over gloo,
+  ``torch.distributed.pipelining``), TensorFlow (plain, ``MirroredStrategy`` with
+  ``--devices``, ``MultiWorkerMirroredStrategy`` with ``--workers``,
+  ``ParameterServerStrategy``) or MXNet (plain, KVStore ``local`` with
+  ``--devices``, ``dist_sync``/``dist_async`` with ``--workers``) - and reports the
+  per-step loss difference, the final parameter difference (max abs, relative L2)
+  and Deep500's error metrics. ``--strategy ps --ps-mode async`` compares by
+  outcome instead: accuracy band, throughput, staleness. Exit status 1 when a
   tolerance is exceeded.
 - ``--results FILE [--hw PROFILE]`` reads a framework's own training log (CSV or
   JSONL of step, loss, samples/s and the configuration), reruns that
@@ -19,6 +24,8 @@ Examples::
     .venv/bin/python -m refdl.validate --framework torch --strategy data --model lenet5 \
         --steps 20 --json
     .venv/bin/python -m refdl.validate --strategy pipeline --model resnet --schedule gpipe
+    .venv/bin/python -m refdl.validate --framework mxnet --strategy ps --ps-mode sync \
+        --workers 2 --model mlp --steps 10
     .venv/bin/python -m refdl.validate --results torch_log.jsonl --hw local --report out/
 
 Exit status: 0 passed; 1 a difference exceeded its tolerance; 2 bad input.
@@ -36,7 +43,8 @@ from refdl.config.paths import writable_folder
 from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
-from refdl.validate.exact import FIRST_STEP_RTOL, print_report, validate
+from refdl.validate.asynchronous import print_async, validate_async
+from refdl.validate.exact import FIRST_STEP_RTOL, ValidationFailed, print_report, validate
 from refdl.validate.results import results_report, write_report
 
 PROG = "refdl.validate"
@@ -54,8 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--framework", default="torch", choices=["torch"])
-    p.add_argument("--strategy", default="single", help="single, data or pipeline")
+    p.add_argument("--framework", default="torch", choices=["torch", "tensorflow", "mxnet"])
+    p.add_argument("--strategy", default="single", help="single, data, pipeline (torch) or ps")
+    p.add_argument("--ps-mode", default="sync", choices=["sync", "async"],
+                   help="ps: sync (MXNet dist_sync, compared step by step) or async "
+                        "(TensorFlow ParameterServerStrategy, MXNet dist_async)")  # fmt: skip
+    p.add_argument("--workers", type=int,
+                   help="processes: ps workers (default 2); TensorFlow data: "
+                        "MultiWorkerMirroredStrategy workers")  # fmt: skip
     p.add_argument("--model", default="lenet5", help="mlp, lenet5, resnet or lstm_lm")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--devices", type=int, help="workers/stages (default: 1 single, 2 otherwise)")
@@ -98,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 ARG_VALUES = {
     "steps": Int(min=1, max=100_000),
     "devices": Optional(Int(min=1, max=8)),  # simulated CPU devices or PyTorch processes
+    "workers": Optional(Int(min=1, max=8)),  # framework processes
     "batch_size": Int(min=1, max=10**6),
     "microbatches": Optional(Int(min=1, max=1024)),
     "lr": Optional(Float(min=0.0, min_open=True)),
@@ -147,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
                 if args.report:
                     print(f"report: {Path(args.report) / 'report.md'}")
             return 0 if r["passed"] else 1
-        r = validate(args)
+        asynchronous = args.strategy == "ps" and args.ps_mode == "async"
+        r = validate_async(args) if asynchronous else validate(args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except ValidationFailed as e:
+        print(f"{PROG}: {args.framework} failed: {e}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(r, indent=2))
+    elif asynchronous:
+        print_async(r)
     else:
         print_report(r)
     return 0 if r["passed"] else 1

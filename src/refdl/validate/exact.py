@@ -1,5 +1,7 @@
 """Validate a framework against refdl step by step: the same model, initial weights,
-batches, optimizer and learning rates on both sides (``--framework torch``).
+batches, optimizer and learning rates on both sides (``--framework torch``,
+``tensorflow`` or ``mxnet``; the last two run in their own processes through files,
+``refdl.adapters.process``).
 
 The report gives the per-step loss difference, the final parameter difference
 (max abs, relative L2, the worst tensor) and Deep500's error metrics
@@ -16,7 +18,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.adapters import process
 from refdl.adapters import torch as adapter
+from refdl.adapters.layers import describe
 from refdl.adapters.torch import ModelPlan, flatten
 from refdl.config.spec import RunSpec
 from refdl.core.compare import compare
@@ -25,6 +29,12 @@ from refdl.run.build import build
 from refdl.run.trajectory import loss_value, trajectory
 
 STRATEGIES = ("single", "data", "pipeline")
+# What each framework's adapter covers: strategies and models.
+COVERS = {
+    "torch": (("single", "data", "pipeline"), ("mlp", "lenet5", "resnet", "lstm_lm")),
+    "tensorflow": (("single", "data", "ps"), ("mlp", "lenet5", "lstm_lm")),
+    "mxnet": (("single", "data", "ps"), ("mlp", "lenet5")),
+}
 # fp32 tolerances (docs/validation.md). Two tight checks hold for
 # every model: the first step's loss (the forward pass) and the parameters after the
 # first update (backward pass and optimizer) agree to FIRST_STEP_RTOL. Over N steps,
@@ -67,11 +77,13 @@ class Reference:
     boundaries: list[int] | None
     plan: Any
     step_times: list[float]
+    layers: list[dict[str, Any]] | None = None  # plain layer descriptions (TF, MXNet)
 
 
-def reference_run(spec: Any) -> Reference:
+def reference_run(spec: Any, plain_layers: bool = False) -> Reference:
     """Run ``spec`` for ``spec.steps`` steps with refdl (the one trajectory, each step
-    timed), keeping what the other side needs."""
+    timed), keeping what the other side needs (``plain_layers``: the layers described
+    for a framework in another process)."""
     run = build(spec)
     strategy = run.strategy
     init = flatten(jax.device_get(run.task.init_state(run.spec.seed).params))
@@ -97,7 +109,42 @@ def reference_run(spec: Any) -> Reference:
         boundaries=list(run.plan.cuts) or None,
         plan=ModelPlan.of(run.task.model, run.task.sample_x),
         step_times=times,
+        layers=describe(run.task.model, run.task.sample_x) if plain_layers else None,
     )
+
+
+@dataclasses.dataclass
+class Other:
+    """The other framework's run: per-step losses, parameters, how it ran."""
+
+    losses: list[float]
+    params: dict[str, np.ndarray]
+    first_params: dict[str, np.ndarray]
+    step_times: list[float]
+    impl: str
+
+
+def perturbed(init: dict[str, np.ndarray], perturb: float) -> dict[str, np.ndarray]:
+    """``init`` with relative noise ``perturb`` (a check that the check can fail)."""
+    if not perturb:
+        return dict(init)
+    rng = np.random.default_rng(1)
+    return {k: v + perturb * np.abs(v).mean() * rng.standard_normal(v.shape).astype(v.dtype)
+            for k, v in init.items()}  # fmt: skip
+
+
+def framework_run(fw: str, ref: Reference, job: dict, perturb: float, timeout: float) -> Other:
+    """The same training in TensorFlow or MXNet, in its own process."""
+    try:
+        result, params, first = process.run(fw, job, perturbed(ref.init_params, perturb),
+                                            ref.batches, timeout)  # fmt: skip
+    except process.FrameworkFailed as e:
+        raise ValidationFailed(str(e)) from None
+    return Other(result["losses"], params, first, result.get("step_times", []), result["impl"])
+
+
+class ValidationFailed(RuntimeError):
+    """The other framework's run failed (one line; exit status 1)."""
 
 
 def torch_run(
@@ -105,11 +152,7 @@ def torch_run(
     native_bn: bool = False,
 ) -> Any:  # fmt: skip
     """The same training in PyTorch (``refdl.adapters.torch``)."""
-    init = dict(ref.init_params)
-    if perturb:
-        rng = np.random.default_rng(1)
-        init = {k: v + perturb * np.abs(v).mean() * rng.standard_normal(v.shape).astype(v.dtype)
-                for k, v in init.items()}  # fmt: skip
+    init = perturbed(ref.init_params, perturb)
     s = ref.spec
     plan = adapter.TrainPlan(
         model=ref.plan,
@@ -123,52 +166,92 @@ def torch_run(
         native_bn=native_bn,
     )
     if strategy == "single":
-        return adapter.train_single(plan)
-    if strategy == "data":
-        return adapter.train_ddp(plan, devices, timeout)
-    return adapter.train_pipeline(plan, ref.boundaries, s.microbatches, s.schedule, timeout)
+        r, impl = adapter.train_single(plan), "plain PyTorch"
+    elif strategy == "data":
+        r, impl = adapter.train_ddp(plan, devices, timeout), f"DDP over gloo, {devices} processes"
+    else:
+        r = adapter.train_pipeline(plan, ref.boundaries, s.microbatches, s.schedule, timeout)
+        impl = f"torch.distributed.pipelining {s.schedule}"
+    return Other(r.losses, r.params, r.first_params, r.step_times, impl)
 
 
-def validate(args: argparse.Namespace) -> dict[str, Any]:
-    """Both sides of one configuration, compared; ``passed`` says whether within tolerance."""
-    adapter.require()
-    if args.strategy not in STRATEGIES:
-        raise UsageError(
-            f"validate compares --strategy {', '.join(STRATEGIES)} with PyTorch; "
-            f"not {args.strategy!r}"
-        )
-    if args.model not in ("mlp", "lenet5", "resnet", "lstm_lm"):
-        raise UsageError(
-            f"the torch adapter covers --model mlp, lenet5, resnet and lstm_lm; not {args.model!r}"
-        )
-    if args.strategy == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
-        raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
-    if args.strategy == "data" and args.torch_batchnorm == "native":
-        raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run, not after
-    devices = args.devices or (1 if args.strategy == "single" else 2)
-    if args.strategy == "single" and devices != 1:
+def job_of(ref: Reference, strategy: str, devices: int, workers: int, ps_mode: str) -> dict:
+    """The job a TensorFlow or MXNet process runs (``refdl.adapters.exchange``)."""
+    s = ref.spec
+    return {"strategy": strategy, "devices": devices, "workers": workers, "ps_mode": ps_mode,
+            "layers": ref.layers, "optimizer": s.optimizer, "momentum": s.momentum,
+            "weight_decay": s.weight_decay, "loss": s.loss, "lrs": ref.lrs}  # fmt: skip
+
+
+def check_coverage(args: argparse.Namespace) -> None:
+    """What the framework's adapter covers, checked before any run (one line each)."""
+    fw = args.framework
+    strategies, models = COVERS[fw]
+    if args.strategy not in strategies:
+        raise UsageError(f"the {fw} adapter compares --strategy {', '.join(strategies)}; "
+                         f"not {args.strategy!r}")  # fmt: skip
+    if args.model not in models:
+        raise UsageError(f"the {fw} adapter covers --model {', '.join(models)}; not {args.model!r}")
+    if fw == "torch":
+        adapter.require()
+        if args.strategy == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
+            raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
+        if args.strategy == "data" and args.torch_batchnorm == "native":
+            raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
+        if args.workers is not None:
+            raise UsageError("--workers is for --strategy ps and TensorFlow's multi-worker "
+                             "data; PyTorch's DDP processes are --devices")  # fmt: skip
+    else:
+        process.require(fw)
+    if args.strategy == "ps" and args.ps_mode == "sync" and fw == "tensorflow":
+        raise UsageError("TensorFlow's ParameterServerStrategy trains asynchronously: use "
+                         "--ps-mode async, or --framework mxnet for dist_sync")  # fmt: skip
+    if args.strategy != "ps" and args.ps_mode != "sync":
+        raise UsageError(f"--ps-mode {args.ps_mode} is for --strategy ps")
+    if args.strategy == "ps" and args.devices is not None:
+        raise UsageError("--strategy ps runs --workers processes; drop --devices")
+    if args.strategy == "data" and args.workers is not None and args.devices is not None:
+        raise UsageError("--strategy data takes --devices (in one process) or --workers "
+                         "(processes), not both")  # fmt: skip
+    if args.strategy == "single" and (args.devices or 1) != 1:
         raise UsageError("--strategy single runs on 1 device; drop --devices")
+
+
+def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
+    """refdl's side of a synchronous comparison: the same strategy (ps: the in-process
+    simulator, sync, with the same workers)."""
     kw: dict[str, Any] = {}
     for name in ("optimizer", "lr", "dataset", "microbatches"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     if args.strategy == "pipeline":
         kw["schedule"] = args.schedule
-    spec = RunSpec(
-        strategy=args.strategy,
-        model=args.model,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        devices=devices,
-        progress=False,
-        **kw,
-    )
-    ref = reference_run(spec)
-    other = torch_run(
-        ref, args.strategy, devices, args.perturb, args.timeout,
-        args.torch_batchnorm == "native",
-    )  # fmt: skip
+    if args.strategy == "ps":
+        kw.update(simulate=True, workers=workers, ps_mode="sync")
+    else:
+        kw["devices"] = devices * workers
+    return RunSpec(strategy=args.strategy, model=args.model, steps=args.steps,
+                   batch_size=args.batch_size, seed=args.seed, progress=False, **kw)  # fmt: skip
+
+
+def validate(args: argparse.Namespace) -> dict[str, Any]:
+    """Both sides of one configuration, compared; ``passed`` says whether within tolerance."""
+    check_coverage(args)
+    fw = args.framework
+    workers = args.workers or (2 if args.strategy == "ps" else 1)
+    if args.strategy == "ps":
+        devices = 1
+    else:
+        devices = args.devices or (1 if args.strategy == "single" or args.workers else 2)
+    ref = reference_run(sync_spec(args, devices, workers), plain_layers=fw != "torch")
+    if fw == "torch":
+        other = torch_run(
+            ref, args.strategy, devices, args.perturb, args.timeout,
+            args.torch_batchnorm == "native",
+        )  # fmt: skip
+    else:
+        other = framework_run(fw, ref, job_of(ref, args.strategy, devices, workers, "sync"),
+                              args.perturb, args.timeout)  # fmt: skip
     loss_diff = [abs(a - b) for a, b in zip(ref.losses, other.losses, strict=True)]
     loss_rel = [d / max(abs(a), 1e-12) for d, a in zip(loss_diff, ref.losses, strict=True)]
     params = compare_params(ref.params, other.params)
@@ -188,11 +271,15 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     failed = [k for k in checks if not checks[k] <= tol[k]]
     s = ref.spec
     return {
-        "framework": "torch",
+        "framework": fw,
+        "framework_impl": other.impl,
+        "comparison": "exact",
         "strategy": args.strategy,
+        "ps_mode": "sync" if args.strategy == "ps" else None,
         "model": args.model,
         "dataset": s.dataset,
         "devices": devices,
+        "workers": workers,
         "steps": args.steps,
         "batch_size": s.batch_size,
         "optimizer": s.optimizer,
@@ -202,7 +289,8 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         "stage_boundaries": ref.boundaries,
         "perturb": args.perturb,
         "refdl_loss": ref.losses,
-        "torch_loss": other.losses,
+        "framework_loss": other.losses,
+        **({"torch_loss": other.losses} if fw == "torch" else {}),
         "loss_abs_diff": loss_diff,
         "loss_max_rel_diff": max(loss_rel),
         "param_max_abs_diff": params["max_abs"],
@@ -221,18 +309,20 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_report(r: dict[str, Any]) -> None:
     """The validation as a few readable lines."""
-    what = f"{r['strategy']} {r['model']} x{r['devices']}, {r['steps']} steps"
+    fw = r["framework"]
+    n_ranks = r["workers"] if r["strategy"] == "ps" else r["devices"] * r["workers"]
+    what = f"{r['strategy']} {r['model']} x{n_ranks}, {r['steps']} steps"
     if r["schedule"]:
         what += f", {r['schedule']} {r['microbatches']} microbatches, cuts {r['stage_boundaries']}"
     print(
-        f"refdl vs torch: {what}"
-        + (f" (torch side perturbed {r['perturb']:g})" if r["perturb"] else "")
+        f"refdl vs {fw} ({r['framework_impl']}): {what}"
+        + (f" ({fw} side perturbed {r['perturb']:g})" if r["perturb"] else "")
     )
-    print(f"{'step':>4s} {'refdl loss':>12s} {'torch loss':>12s} {'|diff|':>10s}")
+    print(f"{'step':>4s} {'refdl loss':>12s} {fw + ' loss':>12s} {'|diff|':>10s}")
     n = len(r["refdl_loss"])
     shown = sorted({0, 1, n // 2, n - 1} & set(range(n)))
     for t in shown:
-        print(f"{t:4d} {r['refdl_loss'][t]:12.6f} {r['torch_loss'][t]:12.6f} "
+        print(f"{t:4d} {r['refdl_loss'][t]:12.6f} {r['framework_loss'][t]:12.6f} "
               f"{r['loss_abs_diff'][t]:10.2e}")  # fmt: skip
     tol, c, d = r["tolerance"], r["checks"], r["deep500"]
     names = {
@@ -252,5 +342,5 @@ def print_report(r: dict[str, Any]) -> None:
     print(
         "PASSED"
         if r["passed"]
-        else f"FAILED: PyTorch and refdl differ beyond the tolerance ({', '.join(r['failed'])})"
+        else f"FAILED: {fw} and refdl differ beyond the tolerance ({', '.join(r['failed'])})"
     )
