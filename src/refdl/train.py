@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="data set option, e.g. seq_len=32 or shape=cifar (repeatable)",
     )
     g.add_argument("--loss", help="cross_entropy (default) or squared")
+    g.add_argument(
+        "--init",
+        help="initialisation: lecun_normal (refdl's, default), torch or keras (those "
+        "frameworks' default Dense/Conv draws, for comparing with their runs)",
+    )
     g = p.add_argument_group("optimization")
     g.add_argument("--steps", type=int, help="training steps (default 300)")
     g.add_argument("--batch-size", type=int, help="global batch size (default 64)")

@@ -119,16 +119,19 @@ def test_validate_cli_json_and_bad_input(capsys):
 
 
 def test_results_report_on_a_real_pytorch_log(tmp_path, capsys):
-    """A PyTorch training log (written by the adapter) checked against refdl's reference."""
+    """A PyTorch training log (written by the adapter from refdl's start, and saying so with
+    the start's fingerprint) compared exactly with refdl's reference."""
     from refdl.config.spec import RunSpec
+    from refdl.validate.export import start_of, start_spec
 
     ref = V.reference_run(RunSpec(model="mlp", steps=6, progress=False))
     plan = A.TrainPlan(model=ref.plan, params=ref.init_params, batches=tuple(ref.batches),
                        lrs=tuple(ref.lrs), optimizer=ref.spec.optimizer)  # fmt: skip
     res = A.train_single(plan)
+    config = {"model": "mlp", "strategy": "single", "batch_size": 64, "steps": 6, "hw": "local"}
+    config["start"] = start_of(start_spec(config))[3]
     log = tmp_path / "torch.jsonl"
-    lines = [json.dumps({"config": {"model": "mlp", "strategy": "single", "batch_size": 64,
-                                    "steps": 6, "hw": "local"}})]  # fmt: skip
+    lines = [json.dumps({"config": config})]
     pairs = zip(res.losses, res.step_times, strict=True)
     lines += [
         json.dumps({"step": t, "loss": v, "samples_per_s": 64 / dt})
@@ -138,20 +141,21 @@ def test_results_report_on_a_real_pytorch_log(tmp_path, capsys):
     out = tmp_path / "report"
     assert VM.main(["--results", str(log), "--report", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
+    assert rep["comparison"] == "exact"
     assert rep["steps_compared"] == 6 and rep["loss_max_rel_diff"] < 1e-5
     assert rep["samples_per_s"]["predicted"] > 0 and rep["samples_per_s"]["framework"] > 0
     assert "PASSED" in (out / "report.md").read_text()
     # a log whose losses are off fails, as CSV too
     csv = tmp_path / "off.csv"
-    csv.write_text('# config: {"model": "mlp", "steps": 6}\nstep,loss\n'
+    csv.write_text(f"# config: {json.dumps(config)}\nstep,loss\n"
                    + "".join(f"{t},{v * 1.01}\n" for t, v in enumerate(res.losses)))  # fmt: skip
     capsys.readouterr()
     assert VM.main(["--results", str(csv)]) == 1
     assert "FAILED" in capsys.readouterr().out
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"config": {"model": "mlp", "gpus": 2}}\n{"step": 0, "loss": 1}\n')
+    bad.write_text('{"config": {"model": "mlp", "dtype": "int8"}}\n{"step": 0, "loss": 1}\n')
     assert VM.main(["--results", str(bad)]) == 2
-    assert "unknown configuration keys ['gpus']" in capsys.readouterr().err
+    assert "configuration dtype must be one of float32" in capsys.readouterr().err
 
 
 @pytest.mark.slow

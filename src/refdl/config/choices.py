@@ -11,6 +11,7 @@ from __future__ import annotations
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
+INIT_SCHEMES = ("lecun_normal", "torch", "keras")  # refdl's, PyTorch's and Keras' defaults
 ALLREDUCE = ("xla", "ring", "tree", "halving-doubling")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "looped-bfs")
 LOOPED = ("interleaved", "looped-bfs")  # schedules taking --chunks (chunk c at c * p + s)

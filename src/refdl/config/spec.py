@@ -15,6 +15,7 @@ from typing import Any
 
 from refdl.config.choices import (
     ALLREDUCE,
+    INIT_SCHEMES,
     LR_SCHEDULES,
     OPTIMIZERS,
     ORDERS,
@@ -71,6 +72,9 @@ class RunSpec:
         0.1, Float(min=0.0, max=1.0, min_open=True), "step schedule: factor"
     )
     loss: str = option("cross_entropy", Text(), "loss")
+    init: str = option(
+        "lecun_normal", Choice(INIT_SCHEMES), "initialisation: refdl's or a framework's default"
+    )
     seed: int = option(0, Int(min=0, max=2**32 - 1), "seed of initialisation and data order")
     devices: int = option(1, Int(min=1, max=1 << 16), "devices (simulated on a CPU host)")
     mesh: str | None = option(None, Optional(Text()), "mesh degrees, e.g. data=2,model=4")

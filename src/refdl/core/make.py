@@ -69,7 +69,7 @@ def make_task(spec: RunSpec, dataset: Dataset) -> Task:
     optimizer, base = make_optimizer_for(spec)
     sample = dataset.train_batch(np.arange(1))["x"]
     axes = model.logical_axes(jnp.asarray(sample))
-    return Task(model, spec.loss, optimizer, sample, axes, schedule=base)
+    return Task(model, spec.loss, optimizer, sample, axes, schedule=base, init=spec.init)
 
 
 def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:

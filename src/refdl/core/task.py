@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from refdl.core.init import redraw
 from refdl.core.layers import Sequential
 from refdl.core.losses import LOSSES, accuracy
 from refdl.core.state import TrainState
@@ -33,12 +34,14 @@ class Task:
     sample_x: np.ndarray
     logical_axes: PyTree = None
     schedule: Any = None  # the learning rate by step (for the logs), when known
+    init: str = "lecun_normal"  # refdl.core.init: refdl's draws or a framework's default
 
     def init_state(self, seed: int) -> TrainState:
         """The initial state from ``seed`` (deterministic, on the default device)."""
         key = jax.random.key(seed)
         init_key, state_key = jax.random.split(key)
         params, model_state, _ = self.model.init(init_key, jnp.asarray(self.sample_x))
+        params = redraw(params, self.model, self.init, jax.random.fold_in(init_key, 1))
         return TrainState(
             step=jnp.asarray(0, jnp.int32),
             params=params,

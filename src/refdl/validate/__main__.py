@@ -45,7 +45,8 @@ from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
 from refdl.validate.asynchronous import print_async, validate_async
 from refdl.validate.exact import FIRST_STEP_RTOL, ValidationFailed, print_report, validate
-from refdl.validate.results import results_report, write_report
+from refdl.validate.export import export_start
+from refdl.validate.results import results_report, summary_line, write_report
 
 PROG = "refdl.validate"
 
@@ -104,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", help="a framework's log (CSV or JSONL) to compare with refdl")
     p.add_argument("--hw", default="local", help="hardware profile for --results' prediction")
     p.add_argument("--report", help="with --results: directory for report.md and report.json")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="with --results: refdl runs per configuration for the statistical "
+                        "comparison (default 5)")  # fmt: skip
+    p.add_argument(
+        "--export-start",
+        metavar="DIR",
+        help="write refdl's start of --model (weights in refdl/PyTorch/Keras layouts, batch "
+        "order, data, loaders) for an exactly comparable run",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -122,6 +132,7 @@ ARG_VALUES = {
     "first_step_rtol": Float(min=0.0, min_open=True),
     "perturb": Float(min=0.0, max=10.0),
     "timeout": Float(min=0.0, min_open=True, max=1e6),
+    "seeds": Int(min=2, max=100),
 }
 
 
@@ -132,6 +143,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{key.replace('_', '-')} must be {problem}")
     if args.report:
         writable_folder(args.report, "--report")
+    if args.export_start:
+        writable_folder(args.export_start, "--export-start")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +154,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_args(args)
+        if args.export_start:
+            config = {"model": args.model, "steps": args.steps, "batch_size": args.batch_size,
+                      "seed": args.seed, "optimizer": args.optimizer, "lr": args.lr,
+                      "dataset": args.dataset}  # fmt: skip
+            start = export_start(config, Path(args.export_start))
+            print(f"refdl's start of {args.model} ({args.steps} steps, batch {args.batch_size}, "
+                  f"seed {args.seed}) in {args.export_start}: fingerprint {start['fingerprint']} "
+                  "(log it as \"start\"; loaders: load_torch.py, load_keras.py)")  # fmt: skip
+            return 0
         if args.results:
             r = results_report(args)
             if args.report:
@@ -153,12 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(r, indent=2))
             else:
-                s = r["samples_per_s"]
-                print(f"{r['log']}: {r['steps_compared']} steps compared, max relative loss "
-                      f"difference {r['loss_max_rel_diff']:.2e}; samples/s framework "
-                      f"{s['framework']}, refdl here {s['refdl_here']:.4g}, predicted "
-                      f"{s['predicted']:.4g} ({s['predicted_hw']}); "
-                      + ("PASSED" if r["passed"] else "FAILED"))  # fmt: skip
+                print(summary_line(r))
+                for line in (*r["assumptions"], *r["warnings"]):
+                    print(f"  {line}")
+                print(f"  {r['samples_per_s']['note']}")
                 if args.report:
                     print(f"report: {Path(args.report) / 'report.md'}")
             return 0 if r["passed"] else 1
