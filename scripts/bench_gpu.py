@@ -1,0 +1,348 @@
+"""refdl's single-device training step on a lent accelerator (issues 20 and 21).
+
+On synthetic inputs already on the device (nothing read per step), times the
+whole training step (forward, backward, optimizer update) of
+
+- refdl's own models at batch 64 on their default data shapes (``own``),
+- the shape-only paper models at their papers' batch sizes (``paper``),
+- refdl's transformer at GPT-2 small shape and larger ones (``gpt``): tokens/s
+  and model FLOP utilisation against the card's bf16 peak,
+
+in fp32 and in bf16 (fp32 master weights; parameters and inputs cast to bf16 for
+the forward and backward passes; the loss in fp32). Memory is XLA's compiled plan
+(arguments + outputs + temporaries - aliases) and the allocator's peak.
+
+    python scripts/bench_gpu.py --out DIR [--only own,paper,gpt] [--quick]
+
+Writes ``DIR/gpu_steps.json`` after every case, so a run cut short keeps what it
+measured. Predictions for the card's profile are added later, on any machine, by
+``python -m refdl.bench published`` (which reads the rows this file becomes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from refdl.config.spec import RunSpec
+from refdl.core.losses import LOSSES
+from refdl.core.make import load_data, make_task, resolve
+from refdl.perf.zoo import SHAPE_MODELS
+
+OWN = ("mlp", "lenet5", "resnet", "lstm_lm", "transformer")
+# The batch sizes the papers and benchmark pages used (per GPU).
+PAPER = {
+    "alexnet": 128,
+    "vgg16": 64,
+    "googlenet": 128,
+    "inception_v3": 64,
+    "resnet50": 64,
+    "resnet101": 64,
+    "lstm_lm_medium": 20,
+    "gpt2": 8,
+}
+# refdl's transformer at GPT-2 shapes (Radford et al. 2019): layers, width, heads.
+GPT = {
+    "gpt2-small": (12, 768, 12, (16,)),
+    "gpt2-medium": (24, 1024, 16, (16,)),
+    "gpt2-large": (36, 1280, 20, (16, 8)),
+    "gpt2-xl": (48, 1600, 25, (8, 4)),
+}
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def cast_floats(tree, dtype):
+    """Every floating array of ``tree`` as ``dtype``; integer arrays unchanged."""
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree
+    )
+
+
+def own_step(task, dtype):
+    """Task's step with the forward/backward in ``dtype`` (fp32 master weights)."""
+    loss_of = LOSSES.get(task.loss)
+
+    def loss_fn(params, model_state, batch):
+        x = cast_floats(batch["x"], dtype)
+        out, new_state = task.model.apply(cast_floats(params, dtype), model_state, x, train=True)
+        return loss_of(out.astype(jnp.float32), batch["y"]), new_state
+
+    def step(state, batch):
+        (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, state.model_state, batch
+        )
+        new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, state.model_state)
+        return task.apply_gradients(state, grads, new_state), loss
+
+    return step
+
+
+def paper_step(module, outputs, dtype, lr=0.01):
+    """Forward, backward and an SGD update of a shape-only model under cross entropy."""
+
+    def loss_fn(params, other, x, y):
+        v = {"params": cast_floats(params, dtype), **other}
+        if "batch_stats" in other:
+            logits = module.apply(v, cast_floats(x, dtype), mutable=["batch_stats"])[0]
+        else:
+            logits = module.apply(v, cast_floats(x, dtype))
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.reshape(-1, outputs).astype(jnp.float32), y.reshape(-1)
+        ).mean()
+
+    def step(state, batch):
+        params, other = state
+        loss, grads = jax.value_and_grad(loss_fn)(params, other, batch["x"], batch["y"])
+        return (jax.tree.map(lambda p, g: p - lr * g, params, grads), other), loss
+
+    return step
+
+
+def memory_plan(compiled) -> int | None:
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return int(
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+
+
+def flops_of(compiled) -> float | None:
+    a = compiled.cost_analysis()
+    if isinstance(a, list):
+        a = a[0] if a else {}
+    return float(a["flops"]) if a and "flops" in a else None
+
+
+def time_steps(step, state, batch, min_seconds: float, repeats: int) -> tuple[dict, object]:
+    """Compile, warm up, then time ``repeats`` runs of n steps (n so one run >= min_seconds)."""
+    jitted = jax.jit(step, donate_argnums=0)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(state, batch).compile()
+    compile_s = time.perf_counter() - t0
+    state, loss = compiled(state, batch)
+    state, loss = compiled(state, batch)
+    jax.block_until_ready((state, loss))
+    t0 = time.perf_counter()
+    state, loss = compiled(state, batch)
+    jax.block_until_ready((state, loss))
+    one = max(time.perf_counter() - t0, 1e-6)
+    n = max(3, min(200, math.ceil(min_seconds / one)))
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            state, loss = compiled(state, batch)
+        jax.block_until_ready((state, loss))
+        runs.append((time.perf_counter() - t0) / n)
+    loss = float(loss)
+    out = {
+        "step_time_s": float(np.median(runs)),
+        "step_time_spread": float((max(runs) - min(runs)) / np.median(runs)),
+        "steps_timed": n * repeats,
+        "compile_s": compile_s,
+        "memory_plan_bytes": memory_plan(compiled),
+        "xla_flops_per_step": flops_of(compiled),
+        "final_loss": loss,
+        "finite": bool(np.isfinite(loss)),
+    }
+    return out, state
+
+
+def own_case(name: str, dtype, batch_size: int, model_opts=(), data_opts=(), dataset=None):
+    spec = resolve(
+        RunSpec(
+            model=name,
+            batch_size=batch_size,
+            model_opts=model_opts,
+            data_opts=data_opts,
+            dataset=dataset,
+        )
+    )
+    data = load_data(spec)
+    task = make_task(spec, data)
+    batch = jax.device_put(data.train_batch(np.arange(batch_size)))
+    state = task.init_state(0)
+    n_params = sum(int(a.size) for a in jax.tree.leaves(state.params))
+    return own_step(task, dtype), state, batch, n_params, data.info
+
+
+def paper_case(name: str, dtype, batch_size: int):
+    m = SHAPE_MODELS.get(name)
+    module = m.build()
+    key = jax.random.key(0)
+    if m.input_dtype == jnp.int32:
+        x = jax.random.randint(key, (batch_size, *m.input_shape), 0, m.outputs, jnp.int32)
+        y = jax.random.randint(jax.random.fold_in(key, 1), x.shape, 0, m.outputs, jnp.int32)
+    else:
+        x = jax.random.normal(key, (batch_size, *m.input_shape), jnp.float32)
+        y = jax.random.randint(jax.random.fold_in(key, 1), (batch_size,), 0, m.outputs)
+    v = jax.jit(module.init)(jax.random.key(1), x[:1])
+    params = v["params"]
+    other = {k: w for k, w in v.items() if k != "params"}
+    n_params = sum(int(a.size) for a in jax.tree.leaves(params))
+    return paper_step(module, m.outputs, dtype), (params, other), {"x": x, "y": y}, n_params
+
+
+def gpt_flops_per_token(n_matmul: int, layers: int, d: int, seq: int) -> float:
+    """PaLM's count (Chowdhery et al. 2022, App. B): 6 N + 12 L d T per token, N the
+    parameters in matrix products (the input embedding is a lookup, not counted)."""
+    return 6.0 * n_matmul + 12.0 * layers * d * seq
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="own,paper,gpt")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--models", default=None, help="comma-separated subset of the models")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU dry run")
+    ap.add_argument("--min-seconds", type=float, default=0.5)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = jax.devices()[0]
+    kind = getattr(dev, "device_kind", str(dev))
+    peak = next((v for k, v in BF16_PEAK.items() if k in kind), None)
+    doc = {
+        "date": datetime.date.today().isoformat(),
+        "command": "python scripts/bench_gpu.py " + " ".join(sys.argv[1:]),
+        "device": kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "bf16_peak_flops": peak,
+        "cases": [],
+    }
+    dtypes = {
+        k: v
+        for k, v in {"fp32": jnp.float32, "bf16": jnp.bfloat16}.items()
+        if k in args.dtypes.split(",")
+    }
+    wanted = set(args.models.split(",")) if args.models else None
+    only = args.only.split(",")
+    min_s = 0.05 if args.quick else args.min_seconds
+    reps = 2 if args.quick else args.repeats
+
+    def record(row):
+        doc["cases"].append(row)
+        (out / "gpu_steps.json").write_text(json.dumps(doc, indent=1))
+        t = row.get("step_time_s")
+        extra = f" mfu={row['mfu']:.3f}" if row.get("mfu") else ""
+        mem = row.get("memory_plan_bytes") or 0
+        print(
+            f"{row['group']:5s} {row['model']:15s} {row['dtype']} b={row['batch']:<4d} "
+            + (f"{t * 1e3:9.3f} ms  {mem / 2**30:6.2f} GiB{extra}" if t else row.get("error", "")),
+            flush=True,
+        )
+
+    def run_own():
+        for name in OWN:
+            for dn, dt in dtypes.items():
+                b = 8 if args.quick else 64
+                try:
+                    step, state, batch, n, _ = own_case(name, dt, b)
+                    r, _ = time_steps(step, state, batch, min_s, reps)
+                    record(
+                        {"group": "own", "model": name, "dtype": dn, "batch": b, "params": n, **r}
+                    )
+                except Exception as e:
+                    record(
+                        {
+                            "group": "own",
+                            "model": name,
+                            "dtype": dn,
+                            "batch": b,
+                            "error": f"{type(e).__name__}: {str(e)[:300]}",
+                        }
+                    )
+
+    def run_paper():
+        for name, b in PAPER.items():
+            if wanted and name not in wanted:
+                continue
+            for dn, dt in dtypes.items():
+                b = 2 if args.quick else b
+                if args.quick and name not in ("alexnet", "lstm_lm_medium"):
+                    continue
+                try:
+                    step, state, batch, n = paper_case(name, dt, b)
+                    r, _ = time_steps(step, state, batch, min_s, reps)
+                    record(
+                        {"group": "paper", "model": name, "dtype": dn, "batch": b, "params": n, **r}
+                    )
+                except Exception as e:
+                    record(
+                        {
+                            "group": "paper",
+                            "model": name,
+                            "dtype": dn,
+                            "batch": b,
+                            "error": f"{type(e).__name__}: {str(e)[:300]}",
+                        }
+                    )
+                jax.clear_caches()
+
+    def run_gpt():
+        seq, vocab = (64, 512) if args.quick else (1024, 50257)
+        shapes = {"tiny": (2, 64, 4, (2,))} if args.quick else GPT
+        fits = {}
+        for shape, (layers, d, heads, batches) in shapes.items():
+            for b in batches:
+                if fits.get(shape):
+                    break
+                opts = (
+                    ("d_model", str(d)),
+                    ("heads", str(heads)),
+                    ("layers", str(layers)),
+                    ("mlp_dim", str(4 * d)),
+                )
+                dopts = (
+                    ("shape", "tokens"),
+                    ("seq_len", str(seq)),
+                    ("vocab", str(vocab)),
+                    ("size", "64"),
+                )
+                row = {"group": "gpt", "model": shape, "dtype": "bf16", "batch": b, "seq_len": seq}
+                try:
+                    step, state, batch, n, _ = own_case(
+                        "transformer", jnp.bfloat16, b, opts, dopts, "synthetic"
+                    )
+                    emb = vocab * d + seq * d  # token and position tables: lookups
+                    r, _ = time_steps(step, state, batch, min_s, reps)
+                    tok_s = b * seq / r["step_time_s"]
+                    fpt = gpt_flops_per_token(n - emb, layers, d, seq)
+                    row.update(params=n, tokens_per_s=tok_s, flops_per_token=fpt, **r)
+                    if peak:
+                        row["mfu"] = tok_s * fpt / peak
+                    row["peak_bytes_in_use"] = (dev.memory_stats() or {}).get("peak_bytes_in_use")
+                    fits[shape] = True
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                record(row)
+                jax.clear_caches()
+
+    groups = {"own": run_own, "paper": run_paper, "gpt": run_gpt}
+    for g in only:
+        groups[g]()
+    print(f"wrote {out / 'gpu_steps.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
