@@ -17,7 +17,10 @@ def test_every_example_is_here():
     assert EXAMPLES == ["custom_cost.py", "custom_model.py", "local_sgd.py"]
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "custom_model.py" else n
+             for n in EXAMPLES]
+)  # fmt: skip
 def test_example_runs(tmp_path, name):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the example sets it
     proc = subprocess.run(

@@ -275,13 +275,26 @@ def run_case(tmp: Path, module: str, args: list[str]) -> subprocess.CompletedPro
     )  # fmt: skip
 
 
+# The default run takes every third case (each CLI and each kind of input is still
+# reached); `-m slow` runs the rest. A case costs a process start with JAX imported.
+FAST = {c[0] for c in CASES[::3]}
+PARAMS = [pytest.param(*c, id=c[0], marks=() if c[0] in FAST else pytest.mark.slow) for c in CASES]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Every case, run as a real process, four at a time (so the table costs ~1 minute)."""
+def results(request, tmp_path_factory):
+    """The selected cases, run as real processes four at a time."""
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", "")
+        == "test_bad_input_is_one_line_exit_2_no_traceback_no_files"
+    }
+    cases = [c for c in CASES if c[0] in selected]
     tmp = tmp_path_factory.mktemp("bad")
     make_inputs(tmp)
     folders = {}
-    for i, (name, *_rest) in enumerate(CASES):
+    for i, (name, *_rest) in enumerate(cases):
         folders[name] = tmp / f"case{i:03d}"
         folders[name].mkdir()
         for p in tmp.iterdir():  # each case sees the inputs in its own folder
@@ -289,7 +302,7 @@ def results(tmp_path_factory):
                 (folders[name] / p.name).symlink_to(p)
     with ThreadPoolExecutor(4) as pool:
         futures = {name: pool.submit(run_case, folders[name], module, args)
-                   for name, module, args, _ in CASES}  # fmt: skip
+                   for name, module, args, _ in cases}  # fmt: skip
         return {name: (f.result(), folders[name]) for name, f in futures.items()}, tmp
 
 
@@ -297,7 +310,7 @@ def test_at_least_sixty_cases():
     assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("name,module,args,message", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,module,args,message", PARAMS)
 def test_bad_input_is_one_line_exit_2_no_traceback_no_files(results, name, module, args, message):
     (proc, folder), tmp = results[0][name], results[1]
     lines = stderr_lines(proc)

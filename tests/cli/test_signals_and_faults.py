@@ -75,6 +75,7 @@ def test_sigterm_while_training_checkpoints_and_resumes_exactly(tmp_path):
     assert rows == sorted(set(rows))  # nothing logged twice after the resume
 
 
+@pytest.mark.slow
 def test_kill_9_during_checkpoint_writes_never_breaks_the_resume(tmp_path):
     """A checkpoint every step, killed at random moments until one kill lands in the middle
     of a write (a temporary folder is left) twice; each time --resume continues, and the
@@ -106,7 +107,7 @@ def test_kill_9_during_checkpoint_writes_never_breaks_the_resume(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["launch", "mpirun-usr1"])
+@pytest.mark.parametrize("how", ["launch", pytest.param("mpirun-usr1", marks=pytest.mark.slow)])
 def test_sigint_under_mpirun_checkpoints_on_rank_0_and_ends_every_rank(tmp_path, how):
     """``refdl launch`` turns Ctrl-C into SIGUSR1, which mpirun forwards; with plain mpirun,
     SIGUSR1 does the same. Every rank prints one line and exits 130; the checkpoint

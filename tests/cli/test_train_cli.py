@@ -193,6 +193,7 @@ def test_main_job_is_a_hybrid_and_resume_needs_no_flags(tmp_path):
     assert b["params_l2_norm"] == a["params_l2_norm"]  # same programs, same order: bit-equal
 
 
+@pytest.mark.slow
 def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
     base = ("--strategy", "data", "--devices", "4", "--model", "mlp", "--eval-every", "0",
             "--no-progress")  # fmt: skip

@@ -23,7 +23,9 @@ SMALL = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "resnet" else n for n in sorted(SMALL)]
+)
 def test_model_shapes_and_gradients(name):
     mdef = MODELS.get(name)
     info = IMAGE if mdef.data_kind == "image" else TOKENS

@@ -309,6 +309,7 @@ def test_mpi_data_two_processes_equal_single(tmp_path, tmp_path_factory, strateg
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_ps_sync_equals_single_and_sharded_equals_sync(tmp_path, single_short):
     one, two = tmp_path / "k1", tmp_path / "k2"
     mpi_ok(mpirun(3, "--strategy", "ps", *SHORT, out=one))  # 1 server, 2 workers
@@ -321,6 +322,7 @@ def test_mpi_ps_sync_equals_single_and_sharded_equals_sync(tmp_path, single_shor
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_mpi_ps_async_and_ssp_reach_the_single_band_and_replay(tmp_path, tmp_path_factory, mode):
     """Within 0.03 of single's test accuracy (mlp, 100 steps of 60); the
@@ -443,13 +445,19 @@ def test_mpi_decentralized_equals_serial_and_complete_sgd_equals_data(tmp_path, 
     "ranks,args,message",
     [
         (2, ("--strategy", "ps", "--servers", "2"), "--servers 2 leaves no worker among 2"),
-        (
+        pytest.param(
             3,
             ("--strategy", "decentralized", "--topology", "torus", "--batch-size", "60"),
             "torus needs a worker",
+            marks=pytest.mark.slow,
         ),
-        (2, ("--strategy", "ps", "--ps-mode", "ssp", "--staleness", "-1"), "--staleness must"),
-        (2, ("--strategy", "pipeline"), "runs in one process"),
+        pytest.param(
+            2,
+            ("--strategy", "ps", "--ps-mode", "ssp", "--staleness", "-1"),
+            "--staleness must",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(2, ("--strategy", "pipeline"), "runs in one process", marks=pytest.mark.slow),
     ],
 )
 def test_mpi_bad_input_every_rank_exits_2(tmp_path, ranks, args, message):
@@ -461,6 +469,7 @@ def test_mpi_bad_input_every_rank_exits_2(tmp_path, ranks, args, message):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_hung_peer_aborts_every_rank_after_timeout(tmp_path):
     """Rank 1 sleeps 600 s inside its step; rank 0 waits in the exchange, and after
     --timeout the watchdogs end the job with one line instead of hanging forever."""

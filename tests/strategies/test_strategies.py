@@ -201,6 +201,7 @@ def test_cli_mesh_errors_are_one_line(tmp_path):
     assert "multiplies to 12 devices but --devices is 8" in lines[0]
 
 
+@pytest.mark.slow
 def test_300_steps_on_digits_data_and_hybrid_match_single(tmp_path):
     """The acceptance run: same test accuracy, params_l2_norm within 1e-5 relative."""
     base = {"steps": 300, "progress": False, "eval_every": 0, "checkpoint_every": 0}

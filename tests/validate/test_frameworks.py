@@ -97,6 +97,7 @@ def test_asynchronous_parameter_servers_land_in_the_accuracy_band(framework):
     assert r["samples_per_s"]["framework"] > 0
 
 
+@pytest.mark.slow
 def test_unsupported_choices_are_one_line_exit_2():
     for args, message in [
         (["--framework", "tensorflow", "--strategy", "ps", "--ps-mode", "sync"],

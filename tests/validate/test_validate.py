@@ -64,7 +64,9 @@ def test_same_padding_puts_the_odd_pixel_high_like_xla():
     assert AM._same_pads(7, 2, 2) == (0, 1)
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet", "lstm_lm"])
+@pytest.mark.parametrize(
+    "model", ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm"]
+)
 def test_validate_single_passes_for_each_model(model):
     r = V.validate(_args(strategy="single", model=model, steps=3))
     assert r["passed"], r["failed"]
@@ -77,12 +79,14 @@ def test_validate_single_passes_for_each_model(model):
     assert d["MaxError"] <= d["L2Error"] <= d["NormDifference"]  # |x|_inf <= |x|_2 <= |x|_1
 
 
+@pytest.mark.slow
 def test_validate_ddp_matches_refdl_data():
     r = V.validate(_args(strategy="data", model="lenet5", steps=3, devices=2))
     assert r["passed"], r["failed"]
     assert r["checks"]["param_rel_l2"] < 1e-6  # observed 4e-8
 
 
+@pytest.mark.slow
 def test_validate_pipelining_matches_refdl_pipeline():
     r = V.validate(_args(strategy="pipeline", model="mlp", steps=3, schedule="gpipe"))
     assert r["passed"], r["failed"]
@@ -239,6 +243,7 @@ def test_recipe_errors_name_the_key(tmp_path):
     assert ranks == 3 and argv[-4:] == ["--data-opt", "a=1", "--data-opt", "b=2"]
 
 
+@pytest.mark.slow
 def test_recipe_passes_and_an_impossible_threshold_exits_1(tmp_path):
     ok = _recipe(tmp_path, "TestAccuracy = { min = 0.5 }\nTimeToAccuracy = { max = 600 }")
     proc = run_module("refdl.bench", "run", str(ok), "--json")
