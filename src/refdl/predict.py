@@ -21,6 +21,7 @@ al. and PowerAI report).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, NoReturn
@@ -32,9 +33,15 @@ from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf import PredictOptions
-from refdl.perf.collectives import bandwidths, collective_time
+from refdl.perf.collectives import (
+    allreduce_hierarchical,
+    allreduce_lower_bound,
+    bandwidths,
+    collective_time,
+)
 from refdl.perf.costs import COSTS
 from refdl.perf.model_cost import model_cost
+from refdl.perf.overlap import DDP_BUCKET_BYTES
 from refdl.perf.zoo import SHAPE_MODELS
 
 PROG = "refdl.predict"
@@ -57,8 +64,17 @@ def predict_steps(
     workers: list[int],
     scaling: str = "strong",
     opts: Any = None,
+    precision: str = "fp32",
+    library: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The prediction rows for each worker count (see the module docstring)."""
+    """The prediction rows for each worker count (see the module docstring).
+
+    ``step_time_s`` is the expectation: the profile's achieved figures (``[achieved]``,
+    for the model's op class, ``precision`` and ``library``) and, for data parallelism on
+    such a profile, the frameworks' bucketed overlap unless ``opts`` sets ``overlap`` or
+    ``bucket_mb``. ``bound_step_time_s`` is the bound: peaks and full overlap.
+    ``step_time_no_overlap_s`` / ``step_time_full_overlap_s`` are the expectation's two
+    overlap extremes."""
     profile = hw.load(hw_name)
     formula = COSTS.get(strategy)
     for flag, value, kind in (("--scaling", scaling, Choice(("strong", "weak"))),
@@ -74,6 +90,16 @@ def predict_steps(
             "at most"
         )
     m = model_cost(model)
+    expected_hw = profile.view("expected", precision, m.op_class, library)
+    bound_hw = profile.view("bound", precision, m.op_class)
+    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
+        opts = dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
+    plain = dataclasses.replace(opts, bucket_mb=0.0)
+    variants = {
+        "bound": (bound_hw, dataclasses.replace(plain, overlap=1.0)),
+        "no_overlap": (expected_hw, dataclasses.replace(plain, overlap=0.0)),
+        "full_overlap": (expected_hw, dataclasses.replace(plain, overlap=1.0)),
+    }
     rows: list[dict[str, Any]] = []
     base = None
     for w in workers:
@@ -81,9 +107,11 @@ def predict_steps(
         if (strategy == "ps" and w == 1) or (
             strategy != "single" and w == 1 and strategy != "pipeline"
         ):
-            c = COSTS.get("single")(m, profile, batch, 1, opts)
+            f, wk = COSTS.get("single"), 1
         else:
-            c = formula(m, profile, batch, w, opts)
+            f, wk = formula, w
+        c = f(m, expected_hw, batch, wk, opts)
+        other = {k: f(m, h, batch, wk, o).step_time_s for k, (h, o) in variants.items()}
         throughput = batch / c.step_time_s
         if base is None:
             base = (w, throughput)
@@ -93,9 +121,14 @@ def predict_steps(
                 "hw": profile.name,
                 "strategy": strategy,
                 "model": model,
+                "precision": precision,
+                "library": library or profile.default_library(),
                 "workers": w,
                 "global_batch": batch,
                 "step_time_s": c.step_time_s,
+                "bound_step_time_s": other["bound"],
+                "step_time_no_overlap_s": other["no_overlap"],
+                "step_time_full_overlap_s": other["full_overlap"],
                 "compute_s": c.compute_s,
                 "comm_s": c.comm_s,
                 "bubble_s": c.bubble_s,
@@ -105,6 +138,82 @@ def predict_steps(
                 "memory_bytes": c.memory_bytes,
                 "flops_per_device": c.flops,
                 "params": m.params,
+            }
+        )
+    return rows
+
+
+def collective_pair(
+    profile: Any,
+    op: str,
+    algo: str,
+    n: float,
+    workers: int,
+    library: str | None = None,
+    nodes: int | None = None,
+) -> tuple[float, float]:
+    """(expected, bound) seconds of one collective. Expected: the library's achieved
+    latency and fraction of line rate; an allreduce ring across nodes in two levels.
+    Bound: line rate; for an allreduce, ``allreduce_lower_bound`` (in-network reduction)."""
+    per_node = profile.devices_per_node if nodes is None else max(1, workers // nodes)
+    multi = workers > per_node
+    level = "inter" if multi and "inter" in profile.links else (
+        "intra" if "intra" in profile.links else next(iter(profile.links)))  # fmt: skip
+    view = profile.view("expected", library=library)
+    peak = profile.view("bound")
+    if (
+        op == "allreduce"
+        and algo == "ring"
+        and multi
+        and "intra" in view.links
+        and ("inter" in view.links)
+    ):
+        inter = view.links["inter"]
+        t = allreduce_hierarchical(n, workers, per_node, view.links["intra"].alpha_beta(),
+                                   inter.alpha_beta(), inter.nics_per_node)  # fmt: skip
+    else:
+        t = collective_time(op, algo, n, workers, view.links[level].alpha_beta())
+    if op == "allreduce":
+        intra = peak.links.get("intra", peak.links[level]).alpha_beta()
+        inter = peak.links.get("inter")
+        bound = allreduce_lower_bound(n, workers, per_node, intra,
+                                      inter.alpha_beta() if inter and multi else None,
+                                      inter.nics_per_node if inter else 1)  # fmt: skip
+    else:
+        bound = collective_time(op, algo, n, workers, peak.links[level].alpha_beta())
+    return t, bound
+
+
+def predict_collective(
+    hw_name: str,
+    op: str,
+    algo: str,
+    n: float,
+    workers: list[int],
+    library: str | None = None,
+) -> list[dict[str, Any]]:
+    """One row per worker count: ``time_s`` expected (the library's achieved latency and
+    fraction of line rate, where the profile gives them) and ``bound_time_s`` (the
+    profile's link figures), with nccl-tests' algbw and busbw of the expectation."""
+    profile = hw.load(hw_name)
+    if problem := Float(min=0.0).problem(n):
+        raise UsageError(f"--bytes must be {problem}")
+    rows = []
+    for w in workers:
+        t, bound = collective_pair(profile, op, algo, n, w, library)
+        algbw, busbw = bandwidths(op, n, w, t)
+        rows.append(
+            {
+                "op": op,
+                "algo": algo,
+                "hw": profile.name,
+                "library": library or profile.default_library(),
+                "workers": w,
+                "bytes": n,
+                "time_s": t,
+                "bound_time_s": bound,
+                "algbw": algbw,
+                "busbw": busbw,
             }
         )
     return rows
@@ -132,7 +241,15 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps-mode", default="sync")
     p.add_argument("--topology", default="ring")
     p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
-    p.add_argument("--overlap", type=float, default=0.0, help="share of compute comm can hide")
+    p.add_argument(
+        "--overlap",
+        type=float,
+        default=None,
+        help="share of compute comm can hide (default: bucketed overlap where the "
+        "profile has achieved figures, else none)",
+    )
+    p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
+    p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
     return p
@@ -160,11 +277,12 @@ def _step_main(argv: list[str]) -> int:
             ps_mode=args.ps_mode,
             topology=args.topology,
             optimizer_words=words[args.optimizer],
-            overlap=args.overlap,
+            overlap=0.0 if args.overlap is None else args.overlap,
         )
         rows = predict_steps(
-            args.hw, args.strategy, args.model, args.batch_size, workers, args.scaling, opts
-        )
+            args.hw, args.strategy, args.model, args.batch_size, workers, args.scaling, opts,
+            precision=args.precision, library=args.library,
+        )  # fmt: skip
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -182,12 +300,13 @@ def _step_main(argv: list[str]) -> int:
         f"{rows[0]['params'] / 1e6:.2f} M parameters)"
     )
     print(
-        f"{'P':>5s} {'batch':>6s} {'step ms':>9s} {'compute':>9s} {'comm':>9s} {'bubble':>8s} "
-        f"{'samples/s':>10s} {'speedup':>8s} {'eff':>6s} {'mem GB':>7s}"
+        f"{'P':>5s} {'batch':>6s} {'step ms':>9s} {'bound':>9s} {'compute':>9s} {'comm':>9s} "
+        f"{'bubble':>8s} {'samples/s':>10s} {'speedup':>8s} {'eff':>6s} {'mem GB':>7s}"
     )
     for r in rows:
         print(
             f"{r['workers']:5d} {r['global_batch']:6d} {r['step_time_s'] * 1e3:9.3f} "
+            f"{r['bound_step_time_s'] * 1e3:9.3f} "
             f"{r['compute_s'] * 1e3:9.3f} {r['comm_s'] * 1e3:9.3f} {r['bubble_s'] * 1e3:8.3f} "
             f"{r['throughput']:10.1f} {r['speedup']:8.2f} {r['efficiency']:6.2f} "
             f"{r['memory_bytes'] / 1e9:7.2f}"
@@ -238,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--hw", required=True, help="profile name or .toml path")
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
+    c.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     c.add_argument("--json", action="store_true")
     sub.add_parser("profiles", help="list the shipped hardware profiles")
     sub.add_parser("models", help="list the models: shape-only paper models and refdl's")
@@ -247,37 +367,21 @@ def main(argv: list[str] | None = None) -> int:
             for name in hw.names():
                 print(f"{name:22s} {hw.load(name).description}")
             return 0
-        profile = hw.load(args.hw)
-        workers = _ints(args.workers)
-        if problem := Float(min=0.0).problem(args.bytes):
-            raise UsageError(f"--bytes must be {problem}")
-        rows = []
-        for w in workers:
-            link = profile.link(w)
-            t = collective_time(args.op, args.algo, args.bytes, w, link.alpha_beta())
-            algbw, busbw = bandwidths(args.op, args.bytes, w, t)
-            rows.append(
-                {
-                    "op": args.op,
-                    "algo": args.algo,
-                    "hw": profile.name,
-                    "workers": w,
-                    "bytes": args.bytes,
-                    "time_s": t,
-                    "algbw": algbw,
-                    "busbw": busbw,
-                }
-            )
+        rows = predict_collective(
+            args.hw, args.op, args.algo, args.bytes, _ints(args.workers), args.library
+        )
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=1))
     else:
-        print(f"{'workers':>8s} {'time (ms)':>12s} {'algbw (GB/s)':>14s} {'busbw (GB/s)':>14s}")
+        print(f"{'workers':>8s} {'time (ms)':>12s} {'bound (ms)':>12s} {'algbw (GB/s)':>14s} "
+              f"{'busbw (GB/s)':>14s}")  # fmt: skip
         for r in rows:
             print(
-                f"{r['workers']:8d} {r['time_s'] * 1e3:12.4f} {r['algbw'] / 1e9:14.2f} "
+                f"{r['workers']:8d} {r['time_s'] * 1e3:12.4f} {r['bound_time_s'] * 1e3:12.4f} "
+                f"{r['algbw'] / 1e9:14.2f} "
                 f"{r['busbw'] / 1e9:14.2f}"
             )
     return 0

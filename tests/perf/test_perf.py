@@ -138,8 +138,15 @@ def test_predict_collective_cli(capsys):
         == 0
     )
     row = json.loads(capsys.readouterr().out)
-    link = hw.load("p100-nvlink").links["intra"].alpha_beta()
+    # expected: the achieved NCCL figures ([achieved.nccl.intra]); bound: line rate, the
+    # (p-1)/p of the vector each device must send (the 1.4 ms was the old bound)
+    prof = hw.load("p100-nvlink")
+    got = prof.achieved.links["nccl"]["intra"]
+    link = C.Link(got.latency_s, 1 / (prof.links["intra"].bandwidth * got.fraction))
     assert row["time_s"] == pytest.approx(C.allreduce_ring(67108864, 4, link))
+    line = prof.links["intra"]
+    assert row["bound_time_s"] == pytest.approx(line.latency_s + 67108864 * 3 / 4 / line.bandwidth)
+    assert row["time_s"] > 1.4e-3 > row["bound_time_s"]
     assert row["busbw"] == pytest.approx(row["algbw"] * 1.5)
     assert (
         main(

@@ -85,9 +85,12 @@ def test_data_cost_is_compute_share_plus_ring_allreduce():
     m, o = toy(), PredictOptions()
     c = K.data(m, P100, 64, 16, o)
     assert c.compute_s == pytest.approx(roofline_time(4e9, 4e6, P100))
-    link = P100.link(16).alpha_beta()  # 16 > 8 per node: the InfiniBand link
-    assert link == P100.links["inter"].alpha_beta()
-    assert c.comm_s == pytest.approx(allreduce_ring(4e6, 16, link))
+    # 16 > 8 per node: a two-level ring (NVLink inside, InfiniBand across, 4 NICs a node)
+    intra, inter = P100.links["intra"].alpha_beta(), P100.links["inter"].alpha_beta()
+    by_hand = (7 * intra.alpha + 4e6 * 7 / 8 * (intra.beta + intra.gamma)  # reduce-scatter
+               + allreduce_ring(4e6 / 8, 2, dataclasses.replace(inter, beta=inter.beta * 8 / 4))
+               + 7 * intra.alpha + 4e6 * 7 / 8 * intra.beta)  # allgather  # fmt: skip
+    assert c.comm_s == pytest.approx(by_hand)
     times = [K.data(m, P100, 64, p, o).comm_s for p in (2, 4, 8, 16, 32)]
     assert times == sorted(times)
     hidden = K.data(m, P100, 64, 16, dataclasses.replace(o, overlap=1.0))

@@ -5,6 +5,7 @@
 .venv/bin/python -m refdl.bench run recipes/FILE.toml [--set KEY=VALUE ...] [--out DIR] [--json]
 .venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 \
     --strategy data --devices 1,2,4
+.venv/bin/python -m refdl.bench published [--json] [--plot FILE.png]
 
 Exit status: 0 done (run: every metric within its bounds); 1 a recipe's metric missed
 its threshold; 2 bad input.
@@ -16,10 +17,10 @@ import argparse
 import json
 import sys
 
-from refdl.bench import compare, op_profile, predict_vs_measure, recipes
+from refdl.bench import compare, op_profile, predict_vs_measure, published, recipes
 from refdl.errors import UsageError
 
-COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare")
+COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare", "published")
 
 
 def _simulated_devices() -> None:
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return op_profile.main(argv[1:])
     if argv[0] == "run":
         return run_main(argv[1:])
+    if argv[0] == "published":
+        return published.main(argv[1:])
     _simulated_devices()
     return compare.main(argv[1:])
 

@@ -8,6 +8,7 @@ who also plots interactively.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -81,4 +82,38 @@ def throughput(result: dict[str, Any], frameworks: tuple[str, ...], path: str | 
     ax.set_xticks(devices)
     ax.set_title(f"{result['model']} {result['strategy']}, batch {result['global_batch']}")
     ax.legend()
+    return save(fig, path)
+
+
+def published(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Predicted against published, log-log: collective and step times (s) on the left,
+    scaling efficiencies on the right; held-out points filled, calibration hollow."""
+    fig = Figure(figsize=(11, 4.8))
+    a, b = fig.subplots(1, 2)
+    colors = {"collective": "tab:blue", "step": "tab:orange", "scaling": "tab:green"}
+    for ax, kinds in ((a, ("collective", "step")), (b, ("scaling",))):
+        lo, hi = math.inf, 0.0
+        for kind in kinds:
+            for part in ("calibration", "heldout"):
+                pts = [(r["published"], r["predicted"]) for r in rows
+                       if r["kind"] == kind and r["part"] == part and "error" in r]  # fmt: skip
+                if not pts:
+                    continue
+                xs, ys = zip(*pts, strict=True)
+                lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+                ax.scatter(xs, ys, s=22, label=f"{kind} ({part})", edgecolors=colors[kind],
+                           facecolors=colors[kind] if part == "heldout" else "none")  # fmt: skip
+        if hi > 0:
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            for f in (0.8, 1.25):
+                ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    a.set_xlabel("published time (s)")
+    a.set_ylabel("predicted time (s)")
+    a.set_title("collectives and single-device steps (dotted: ±20 %)")
+    b.set_xlabel("published efficiency")
+    b.set_ylabel("predicted efficiency")
+    b.set_title("data-parallel scaling efficiency")
     return save(fig, path)

@@ -6,6 +6,13 @@ capacity) and its links (``intra``: inside a node, ``inter``: between nodes),
 each with latency, line rate, the fraction of it a collective achieves, and
 the source of every figure. ``Link.alpha_beta()`` gives the perf model's
 alpha (latency) and beta (seconds per byte at the achievable rate).
+
+Peaks give a bound. ``[achieved]`` adds what software delivered on such a machine
+(fitted to published measurements, ``scripts/fit_achieved.py``): per operation class
+(``conv``, ``gemm``) and precision a fraction of peak FLOP/s, a fraction of memory
+bandwidth, and per communication library (``nccl``, ``mpi``, ``gloo``) and link a
+latency and a fraction of line rate. ``HardwareProfile.view`` returns the profile the
+cost formulas read for either: ``bound`` (peaks) or ``expected`` (achieved).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ class LinkSpec:
     bandwidth: float
     achievable: float
     source: str
+    nics_per_node: int = 1  # inter: NICs a node's devices share (DGX A100: 8)
 
     def alpha_beta(self) -> Link:
         return Link(alpha=self.latency_s, beta=1.0 / (self.bandwidth * self.achievable))
@@ -56,6 +64,48 @@ class DeviceSpec:
     ops: dict[str, OpRate] = dataclasses.field(default_factory=dict)
 
 
+PRECISIONS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
+LIBRARIES = ("nccl", "mpi", "gloo")
+OP_CLASSES = ("conv", "gemm")
+# cuDNN's Winograd convolutions (Lavin & Gray, CVPR 2016) do up to 2.25x fewer
+# multiplications than the direct convolution XLA's FLOP count assumes
+WINOGRAD = 2.25
+
+
+@dataclasses.dataclass(frozen=True)
+class AchievedLink:
+    """What a communication library delivered on a link: latency and fraction of line rate."""
+
+    latency_s: float
+    fraction: float
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Achieved:
+    """What software delivered on this machine, with sources (``[achieved]``)."""
+
+    fractions: dict[str, dict[str, float]]  # op class -> dtype -> fraction of that peak
+    memory: float  # fraction of memory bandwidth
+    device_source: str
+    links: dict[str, dict[str, AchievedLink]]  # library -> "intra"/"inter" -> figures
+    library: str  # the default library of this machine
+
+    def fraction(self, op_class: str, dtype: str) -> float:
+        """The achieved fraction of ``dtype``'s peak for ``op_class`` (else its float32
+        figure, else the other class's, else 1)."""
+        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
+        for cls in (op_class, *[c for c in OP_CLASSES if c != op_class]):
+            table = self.fractions.get(cls, {})
+            for key in (dtype, alias):  # fp16 and bf16 share the matrix units' peak
+                if key in table:
+                    return table[key]
+        for cls in (op_class, *OP_CLASSES):
+            if "float32" in self.fractions.get(cls, {}):
+                return self.fractions[cls]["float32"]
+        return 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class HardwareProfile:
     """A machine: its device, its links, and how many devices share a node."""
@@ -65,6 +115,67 @@ class HardwareProfile:
     devices_per_node: int
     device: DeviceSpec
     links: dict[str, LinkSpec]
+    achieved: Achieved | None = None
+
+    def default_library(self) -> str:
+        """The communication library predictions assume unless told (``--library``)."""
+        return self.achieved.library if self.achieved else "nccl"
+
+    def dtype_for(self, precision: str) -> str:
+        """The peak a precision runs at: fp32 at TF32's where the card has one (cuDNN's and
+        cuBLAS's default for fp32 convolutions and matrix products on such cards, and
+        JAX's default precision)."""
+        if precision == "fp32" and "tf32" in self.device.peak_flops:
+            return "tf32"
+        return PRECISIONS.get(precision, "float32")
+
+    def view(
+        self,
+        kind: str = "bound",
+        precision: str = "fp32",
+        op_class: str = "gemm",
+        library: str | None = None,
+    ) -> HardwareProfile:
+        """This profile as the cost formulas should read it: ``bound`` (peak FLOP/s of
+        ``precision``, line rates at the links' ``achievable``) or ``expected`` (the
+        ``[achieved]`` fractions for ``op_class`` and ``library``; a profile without them
+        is its own expectation). Memory traffic scales with the precision's bytes. The
+        bound leaves memory out (XLA's byte count, taken before fusion, overstates it),
+        runs links at line rate, fp32 at the TF32 peak where there is one (the default
+        of cuDNN and cuBLAS on such cards), and allows convolutions Winograd's saving."""
+        if kind not in ("bound", "expected"):
+            raise ValueError(kind)
+        if precision not in PRECISIONS:
+            raise UsageError(
+                f"unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)}"
+            )
+        library = library or self.default_library()
+        if library not in LIBRARIES:
+            raise UsageError(
+                f"unknown --library {library!r}; choose one of: {', '.join(LIBRARIES)}"
+            )
+        d = self.device
+        dtype = self.dtype_for(precision)
+        peak = d.peak_flops.get(dtype, d.peak_flops["float32"])
+        bw = d.memory_bandwidth * (2.0 if precision in ("bf16", "fp16") else 1.0)
+        links = dict(self.links)
+        if kind == "bound":
+            bw = math.inf  # XLA counts every operation's bytes before fusion: no bound
+            links = {k: dataclasses.replace(v, achievable=1.0) for k, v in links.items()}
+            if op_class == "conv":  # Winograd F(2x2,3x3): 2.25x fewer multiplications
+                peak *= WINOGRAD
+        a = self.achieved if kind == "expected" else None
+        if a is not None:  # the fractions were fitted to whole steps: memory-bound work
+            peak *= a.fraction(op_class, dtype)  # is inside them, and XLA's byte count,
+            bw = math.inf  # taken before fusion, is no estimate of traffic
+            for level, got in a.links.get(library, {}).items():
+                if level in links:
+                    links[level] = dataclasses.replace(
+                        links[level], latency_s=got.latency_s, achievable=got.fraction
+                    )
+        flops = {**d.peak_flops, "float32": peak}
+        device = dataclasses.replace(d, peak_flops=flops, memory_bandwidth=bw)
+        return dataclasses.replace(self, device=device, links=links)
 
     @property
     def peak_flops(self) -> float:
@@ -74,6 +185,22 @@ class HardwareProfile:
     @property
     def memory_bandwidth(self) -> float:
         return self.device.memory_bandwidth
+
+    def allreduce_time(self, n: float, workers: int, algo: str = "ring",
+                       level: str | None = None) -> float:  # fmt: skip
+        """An allreduce of ``n`` bytes over ``workers`` devices: ``algo`` on the link for
+        that many (``level`` forces one); a ring that spans nodes runs in two levels
+        (``allreduce_hierarchical``)."""
+        from refdl.perf.collectives import ALLREDUCE, allreduce_hierarchical
+
+        per_node = self.devices_per_node
+        if (level is None and algo == "ring" and workers > per_node
+                and "inter" in self.links and "intra" in self.links):  # fmt: skip
+            inter = self.links["inter"]
+            return allreduce_hierarchical(n, workers, per_node, self.links["intra"].alpha_beta(),
+                                          inter.alpha_beta(), inter.nics_per_node)  # fmt: skip
+        link = self.links[level] if level else self.link(workers)
+        return ALLREDUCE[algo](n, workers, link.alpha_beta())
 
     def link(self, workers: int) -> LinkSpec:
         """The link a collective over ``workers`` devices is limited by: ``intra`` while they
@@ -197,12 +324,18 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         achievable = _positive(lk, "achievable", where, path)
         if achievable > 1:
             raise UsageError(f"hardware profile {path}: key {where}achievable must be <= 1")
+        nics = lk.get("nics_per_node", 1)
+        if isinstance(nics, bool) or not isinstance(nics, int) or nics < 1:
+            raise UsageError(f"hardware profile {path}: key {where}nics_per_node must be an "
+                             "integer >= 1")  # fmt: skip
         links[name] = LinkSpec(
             latency_s=_positive(lk, "latency_s", where, path),
             bandwidth=_positive(lk, "bandwidth", where, path),
             achievable=achievable,
             source=_text(lk, "source", where, path),
+            nics_per_node=nics,
         )
+    achieved = _achieved(raw.get("achieved"), links, path)
     per_node = raw.get("devices_per_node", 1)
     if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
         raise UsageError(f"hardware profile {path}: key devices_per_node must be an integer >= 1")
@@ -212,7 +345,78 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         devices_per_node=per_node,
         device=device,
         links=links,
+        achieved=achieved,
     )
+
+
+def _fraction(value: Any, name: str, path: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and 0 < value <= 1)
+    ):
+        raise UsageError(f"hardware profile {path}: key {name} must be a number in (0, 1]")
+    return float(value)
+
+
+def _achieved(raw: Any, links: dict, path: str) -> Achieved | None:
+    """``[achieved]``: ``library``, ``[achieved.device]`` (conv/gemm fractions by dtype,
+    memory, source) and ``[achieved.<library>.<intra|inter>]`` (latency_s, fraction,
+    source)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UsageError(f"hardware profile {path}: achieved must be a table")
+    dev = raw.get("device", {})
+    if not isinstance(dev, dict):
+        raise UsageError(f"hardware profile {path}: achieved.device must be a table")
+    fractions = {}
+    for cls in OP_CLASSES:
+        table = dev.get(cls, {})
+        if not isinstance(table, dict):
+            raise UsageError(
+                f"hardware profile {path}: key achieved.device.{cls} must be a table of "
+                "dtype = fraction"
+            )
+        fractions[cls] = {k: _fraction(v, f"achieved.device.{cls}.{k}", path)
+                          for k, v in table.items()}  # fmt: skip
+    unknown = sorted(set(dev) - {*OP_CLASSES, "memory", "source"})
+    if unknown:
+        raise UsageError(
+            f"hardware profile {path}: key achieved.device.{unknown[0]} is not one of "
+            f"{', '.join(OP_CLASSES)}, memory, source"
+        )
+    memory = _fraction(dev.get("memory", 1.0), "achieved.device.memory", path)
+    dev_source = _text(dev, "source", "achieved.device.", path) if dev else ""
+    got: dict[str, dict[str, AchievedLink]] = {}
+    for lib in LIBRARIES:
+        levels = raw.get(lib, {})
+        if not isinstance(levels, dict):
+            raise UsageError(f"hardware profile {path}: achieved.{lib} must be a table")
+        for level, table in levels.items():
+            where = f"achieved.{lib}.{level}."
+            if level not in links or not isinstance(table, dict):
+                raise UsageError(
+                    f"hardware profile {path}: {where[:-1]}: this profile's links are "
+                    f"{', '.join(links)}"
+                )
+            got.setdefault(lib, {})[level] = AchievedLink(
+                latency_s=_positive(table, "latency_s", where, path),
+                fraction=_fraction(table.get("fraction"), f"{where}fraction", path),
+                source=_text(table, "source", where, path),
+            )
+    unknown = sorted(set(raw) - {*LIBRARIES, "device", "library"})
+    if unknown:
+        raise UsageError(
+            f"hardware profile {path}: key achieved.{unknown[0]} is not one of device, "
+            f"library, {', '.join(LIBRARIES)}"
+        )
+    library = raw.get("library", "nccl")
+    if library not in LIBRARIES:
+        raise UsageError(
+            f"hardware profile {path}: key achieved.library must be one of {', '.join(LIBRARIES)}"
+        )
+    return Achieved(fractions, memory, dev_source, got, library)
 
 
 def names() -> list[str]:
@@ -293,5 +497,18 @@ def dumps(profile: HardwareProfile) -> str:
         ]
     for name, lk in profile.links.items():
         lines += ["", f"[links.{name}]"]
-        lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)]
+        lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)
+                  if f.name != "nics_per_node" or lk.nics_per_node != 1]  # fmt: skip
+    a = profile.achieved
+    if a is not None:
+        lines += ["", "[achieved]", f"library = {value(a.library)}"]
+        if a.device_source:
+            lines += ["", "[achieved.device]"]
+            lines += [f"{cls} = {value(t)}" for cls, t in a.fractions.items() if t]
+            lines += [f"memory = {a.memory!r}", f"source = {value(a.device_source)}"]
+        for lib, levels in a.links.items():
+            for level, got in levels.items():
+                lines += ["", f"[achieved.{lib}.{level}]"]
+                lines += [f"{f.name} = {value(getattr(got, f.name))}"
+                          for f in dataclasses.fields(got)]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -68,6 +68,9 @@ class PredictOptions:
     optimizer_words: int = _opt(1, Int(min=0, max=8))
     # share of the step's compute that communication may hide behind
     overlap: float = _opt(0.0, Float(min=0.0, max=1.0))
+    # data: overlap the gradient allreduce with the backward pass in buckets of this many
+    # MiB, in reverse layer order (refdl.perf.overlap; PyTorch DDP's 25); 0: use overlap
+    bucket_mb: float = _opt(0.0, Float(min=0.0))
     # force the profile's "intra" or "inter" link (default: by size)
     link: str | None = _opt(None, Optional(Choice(("intra", "inter"))))
 

@@ -36,6 +36,39 @@ def allreduce_ring(n: float, p: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha + 2 * n * (p - 1) / p * link.beta + n * (p - 1) / p * link.gamma
 
 
+def allreduce_hierarchical(
+    n: float, p: int, per_node: int, intra: Link, inter: Link, nics: int = 1
+) -> float:
+    """NCCL's two-level ring across nodes: reduce-scatter inside each node of ``g`` devices,
+    a ring allreduce of the ``n/g`` shard across the ``N`` nodes (the node's ``nics`` NICs
+    shared by its ``g`` devices), then an allgather inside the node."""
+    g = max(1, min(per_node, p))
+    nodes = math.ceil(p / g)
+    if nodes <= 1:
+        return allreduce_ring(n, p, intra)
+    shared = Link(inter.alpha, inter.beta * g / max(1, min(nics, g)), inter.gamma)
+    return (reduce_scatter_ring(n, g, intra) + allreduce_ring(n / g, nodes, shared)
+            + allgather_ring(n, g, intra))  # fmt: skip
+
+
+def allreduce_lower_bound(
+    n: float, p: int, per_node: int, intra: Link, inter: Link | None = None, nics: int = 1
+) -> float:
+    """No allreduce is faster: one latency plus the larger of each device sending the
+    ``(p-1)/p`` of its vector the others need over its own link, and each node sending
+    ``(N-1)/N`` of it over its NICs (in-network reduction, NVLink SHARP or IB SHARP,
+    can reach these; rings need twice)."""
+    if p <= 1:
+        return 0.0
+    g = max(1, min(per_node, p))
+    nodes = math.ceil(p / g)
+    t = n * (g - 1) / g * intra.beta
+    if nodes > 1 and inter is not None:
+        t = max(t, n * (nodes - 1) / nodes * inter.beta / max(1, min(nics, g)))
+        return inter.alpha + t
+    return intra.alpha + t
+
+
 def allreduce_recursive_doubling(n: float, p: int, link: Link) -> float:
     """``lg p·α + n·lg p·β + n·lg p·γ``."""
     lg = _lg(p)

@@ -12,7 +12,8 @@ bytes, plus the host's dispatch and batch transfer;
 communication is alpha-beta (``refdl.perf.collectives``) on the link the
 profile gives for that many workers; compute and communication do not overlap
 unless ``PredictOptions.overlap`` says so (Horovod-style overlap hides at most
-that share of the compute). Memory per device is parameters + gradients +
+that share of the compute) or, for data parallelism, ``bucket_mb`` asks for the
+frameworks' bucketed overlap (``refdl.perf.overlap``). Memory per device is parameters + gradients +
 optimizer words, plus the activations kept for the backward pass.
 """
 
@@ -35,6 +36,7 @@ from refdl.perf.collectives import (
     ps_push_pull,
 )
 from refdl.perf.model_cost import ModelCost
+from refdl.perf.overlap import bucketed_step
 from refdl.registry import Registry
 
 CostFormula = Callable[[ModelCost, Any, int, int, PredictOptions], CostBreakdown]
@@ -100,12 +102,25 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
-    comm = ALLREDUCE[algo](m.param_bytes, workers, _link(hw, workers, opts))
+
+    _link(hw, workers, opts)  # a forced link the profile lacks is a usage error
+
+    def allreduce(n: float) -> float:
+        if hasattr(hw, "allreduce_time"):
+            return hw.allreduce_time(n, workers, algo, opts.link)
+        return ALLREDUCE[algo](n, workers, _link(hw, workers, opts))
+
+    comm = allreduce(m.param_bytes)
+    if opts.bucket_mb > 0 and workers > 1:
+        step = bucketed_step(t, m.layer_param_bytes, allreduce, cap=opts.bucket_mb * 2**20)
+        comm_s = step.exposed_s
+    else:
+        comm_s = exposed(comm, t, opts.overlap)
     wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
     mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample
     return CostBreakdown(
         compute_s=t,
-        comm_s=exposed(comm, t, opts.overlap),
+        comm_s=comm_s,
         memory_bytes=int(mem),
         flops=m.flops(b),
         comm_bytes=wire,

@@ -18,6 +18,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import flax
+import flax.core
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +64,12 @@ class ModelCost:
     # "allreduce" or "allgather" (``tensor_collectives``); empty: not known (then
     # ``refdl.perf.costs.tensor`` counts Megatron-LM's two all-reduces per layer).
     tp_collectives: tuple[tuple[str, float], ...] = ()
+    # "conv" when convolutions carry the model (a 4-d kernel), else "gemm": which of a
+    # profile's achieved fractions applies (refdl.hw.profile.Achieved)
+    op_class: str = "gemm"
+    # fp32 bytes of each parameter array in forward order: the gradients' order of
+    # readiness, reversed, for the bucketed allreduce (refdl.perf.overlap)
+    layer_param_bytes: tuple[float, ...] = ()
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -108,6 +117,15 @@ def _count(tree: Any) -> int:
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
+def _in_order(params: Any) -> tuple[tuple[float, ...], str]:
+    """Each parameter array's fp32 bytes in the order the layers were created (forward
+    order), and the op class ("conv" if any kernel is 4-d)."""
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+    shapes = [tuple(v.shape) for v in flat.values()]
+    op_class = "conv" if any(len(sh) == 4 for sh in shapes) else "gemm"
+    return tuple(4.0 * math.prod(sh) for sh in shapes), op_class
+
+
 @functools.lru_cache(maxsize=64)
 def model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) -> ModelCost:
     """The cost of one training step of ``name``: a shape-only model, or one of refdl's
@@ -150,7 +168,10 @@ def _shape_model_cost(m: ShapeModel) -> ModelCost:
         for o in jax.tree.leaves(inter.get("intermediates", {}))
         if hasattr(o, "shape")
     ]
-    return _finish(m.name, params, costs, outs)
+    order, op_class = _in_order(v.get("params", v))
+    return dataclasses.replace(
+        _finish(m.name, params, costs, outs), op_class=op_class, layer_param_bytes=order
+    )
 
 
 def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) -> ModelCost:
@@ -179,6 +200,7 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         outs.append(math.prod(x.shape[1:]))
     sample = dataset.train_batch(np.arange(1))
     tp = _tp_layers(task)
+    order, op_class = _in_order(state.params)
     return dataclasses.replace(
         _finish(name, params, costs, outs, ops),
         tp_collectives=tensor_collectives(tp, sizes + outs) if tp is not None else (),
@@ -186,6 +208,8 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         state_leaves=len(jax.tree.leaves(state)),
         input_leaves=len(jax.tree.leaves(sample)),
         input_bytes_per_sample=float(sum(np.asarray(v).nbytes for v in sample.values())),
+        op_class=op_class,
+        layer_param_bytes=order,
     )
 
 

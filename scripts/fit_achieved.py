@@ -1,0 +1,123 @@
+"""Fit the profiles' achieved figures to the calibration part of the published data set.
+
+Reads ``docs/published/measurements.toml``, keeps the calibration part only, and
+writes an ``[achieved]`` block at the end of each GPU profile (replacing one that is
+there):
+
+- per device (every profile with that device name) and op class / dtype, the
+  fraction of peak FLOP/s the calibration steps achieved (``fit_devices``);
+- per profile, library and link the latency and fraction of line rate that fit the
+  calibration collectives (``fit_links``); a profile or link with no calibration
+  collective takes the median of the fitted ones of its kind (NVLink or PCIe inside
+  a node, network between nodes), said in its source;
+- memory: 0.9 of the datasheet bandwidth (a device-to-device copy on the lent H100
+  moved 3.0 of 3.35 TB/s, ``/work/.library/device/KINDS.md``, 2026-11-13).
+
+    .venv/bin/python scripts/fit_achieved.py [--data docs/published/measurements.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from refdl import hw
+from refdl.bench.published import DATA, fit_devices, fit_links, load
+
+PROFILES = Path(__file__).resolve().parents[1] / "src" / "refdl" / "hw" / "profiles"
+MEMORY = 0.9
+CPU = ("local", "xeon-e5-2680v2-fdr", "knl-omnipath")
+
+
+def _kind(profile, level: str) -> str:
+    text = (profile.links[level].source + profile.description).lower()
+    if level == "inter":
+        return "network"
+    return "nvlink" if "nvlink" in text and "pcie" not in profile.name else "pcie"
+
+
+def block(name: str, devices: dict, links: dict, medians: dict, today: str) -> str:
+    p = hw.load(name)
+    lines = ["[achieved]", 'library = "nccl"', "", "[achieved.device]"]
+    by_class: dict[str, dict[str, float]] = {}
+    used = []
+    for (dev, cls, dtype), v in devices.items():
+        if dev == p.device.name:
+            by_class.setdefault(cls, {})[dtype] = round(v["fraction"], 4)
+            used.append(f"{cls}/{dtype} from {v['points']} points ({', '.join(v['sources'])})")
+    for cls, table in sorted(by_class.items()):
+        lines.append(f"{cls} = {{ " + ", ".join(f"{k} = {x}" for k, x in table.items()) + " }")
+    none = "none on this device: peaks (no fraction) until a calibration point exists"
+    src = (
+        "fraction of peak FLOP/s achieved by the calibration part's single-device steps "
+        f"(scripts/fit_achieved.py, {today}): " + ("; ".join(used) if used else none)
+    )
+    lines += [f"memory = {MEMORY}", f'source = "{src}; memory 0.9 of datasheet '
+              '(D2D copy 3.0 of 3.35 TB/s on the lent H100, 2026-11-13)"']  # fmt: skip
+    for level in p.links:
+        key = (name, "nccl", level)
+        if key in links:
+            v = links[key]
+            src = (f"fitted to {v['points']} calibration collectives ({', '.join(v['sources'])}) "
+                   f"by scripts/fit_achieved.py, {today}")  # fmt: skip
+            lat, frac = v["latency_s"], v["fraction"]
+        else:
+            kind = _kind(p, level)
+            if kind not in medians:
+                continue
+            lat = max(medians[kind]["latency_s"], p.links[level].latency_s)
+            frac = medians[kind]["fraction"]
+            names = medians[kind]["names"]
+            src = (
+                f"no calibration collective on this link: the median of the fitted {kind} "
+                f"links ({names}), scripts/fit_achieved.py, {today}"
+            )
+        lines += ["", f"[achieved.nccl.{level}]", f"latency_s = {lat:.4g}",
+                  f"fraction = {frac:.4g}", f'source = "{src}"']  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(DATA))
+    args = ap.parse_args(argv)
+    points, _ = load(args.data)
+    for name in hw.names():  # fit against the peaks alone: drop old blocks first
+        path = PROFILES / f"{name}.toml"
+        text = path.read_text()
+        if "\n[achieved]" in text:
+            path.write_text(text[: text.index("\n[achieved]") + 1])
+    devices = fit_devices(points)
+    links = fit_links(points)
+    medians = {}
+    for (name, _lib, level), v in links.items():
+        medians.setdefault(_kind(hw.load(name), level), []).append((name, v))
+    medians = {
+        k: {"latency_s": median(v["latency_s"] for _, v in vs),
+            "fraction": median(v["fraction"] for _, v in vs),
+            "names": ", ".join(n for n, _ in vs)}
+        for k, vs in medians.items()
+    }  # fmt: skip
+    today = datetime.date.today().isoformat()
+    for name in hw.names():
+        if name in CPU:
+            continue
+        path = PROFILES / f"{name}.toml"
+        text = path.read_text().rstrip("\n")
+        path.write_text(text + "\n\n" + block(name, devices, links, medians, today))
+        print(f"{name}: written", file=sys.stderr)
+    for k, v in devices.items():
+        print(f"device {k}: {v['fraction']:.3f} ({v['points']} points)")
+    for k, v in links.items():
+        print(f"link {k}: latency {v['latency_s']:.3g} s, fraction {v['fraction']:.3f} "
+              f"({v['points']} points)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,385 @@
+"""``refdl bench published``: predict every published measurement, judged on points held out.
+
+The data set (``docs/published/measurements.toml``) holds collective times, single-
+device step times and multi-GPU scaling efficiencies with their citations, split by
+publication into a calibration part and a held-out part before anything was fitted
+(its ``[split]`` says how). ``fit`` derives the achieved figures the profiles carry
+(``[achieved]``, written by ``scripts/fit_achieved.py``) from the calibration part
+alone; ``evaluate`` predicts every point with the profiles as they are and reports
+the errors of each part separately, by kind:
+
+- collective, step: relative error of the published metric (time or throughput);
+- scaling: the difference of efficiencies (0.05 = 5 points), both relative to the
+  series' smallest worker count.
+
+A point names a profile (``hw``); points without one, without a stated precision or
+batch the model needs, or of a kind the model does not cover, are listed with the
+reason and left out of the errors. No published point may be faster than its bound
+(peaks, full overlap): ``violations`` lists any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from refdl import hw
+from refdl.errors import UsageError
+from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
+
+PROG = "refdl.bench published"
+DATA = Path(__file__).resolve().parents[3] / "docs" / "published" / "measurements.toml"
+PRECISION = {"fp32": "fp32", "tf32": "tf32", "amp": "fp16", "fp16": "fp16", "bf16": "bf16"}
+OPS = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reduce-scatter",
+       "p2p": "p2p"}  # fmt: skip
+LIBRARY = ("nccl", "mpi", "gloo")
+SCALING_NOISE = 0.02  # run-to-run spread of a published efficiency (1.002 at 8 -> 16 K80s)
+ASSUMED_BATCH = 256  # DeepLearningExamples' main.py default, where a table omits it
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One published measurement, as the data set gives it."""
+
+    index: int
+    source: str
+    part: str
+    kind: str
+    hw: str
+    library: str
+    metric: str
+    value: float
+    workers: int
+    nodes: int
+    op: str = ""
+    bytes: float = 0.0
+    model: str = ""
+    precision: str | None = None
+    batch: int | None = None
+    where: str = ""
+
+
+def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
+    """The points and the ``[split]`` table of a measurements file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--data {path}: no such file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--data {path}: not valid TOML ({e})") from None
+    parts = {s["id"]: s["part"] for s in raw.get("source", [])}
+    points = []
+    for i, p in enumerate(raw.get("point", [])):
+        if p.get("source") not in parts:
+            raise UsageError(f"--data {path}: point {i} names an unknown source")
+        points.append(
+            Point(
+                index=i,
+                source=p["source"],
+                part=parts[p["source"]],
+                kind=p["kind"],
+                hw=p.get("hw", ""),
+                library=p.get("library", ""),
+                metric=p["metric"],
+                value=float(p["value"]),
+                workers=int(p.get("workers", 1)),
+                nodes=int(p.get("nodes", 1)),
+                op=p.get("op", ""),
+                bytes=float(p.get("bytes", 0)),
+                model=p.get("model", ""),
+                precision=p.get("precision"),
+                batch=p.get("batch_per_worker"),
+                where=p.get("where", ""),
+            )
+        )
+    return points, raw.get("split", {})
+
+
+# ------------------------------------------------------------------ the published side
+
+
+def published_time(p: Point) -> float:
+    """A collective's or a step's time in seconds, from the metric the source printed."""
+    if p.metric == "time_s":
+        return p.value
+    if p.kind == "collective":
+        if p.metric == "busbw_GBps":
+            factor = BUS_FACTOR[OPS[p.op]](p.workers) if p.op != "p2p" else 1.0
+            return p.bytes * factor / (p.value * 1e9)
+        if p.metric == "algbw_GBps":
+            return p.bytes / (p.value * 1e9)
+    if p.metric == "samples_per_s":
+        return (p.batch or ASSUMED_BATCH) * p.workers / p.value
+    raise ValueError(f"no time for {p.metric}")
+
+
+def _library(p: Point, profile) -> str:
+    for lib in LIBRARY:
+        if lib in p.library:
+            return lib
+    return profile.default_library()
+
+
+def _level(p: Point, profile) -> str:
+    level = "inter" if p.nodes > 1 else "intra"
+    return level if level in profile.links else next(iter(profile.links))
+
+
+# ------------------------------------------------------------------ the model side
+
+
+def collective_times(p: Point, profile) -> tuple[float, float]:
+    """(expected, bound) seconds of a published collective (``refdl.predict``'s pair; a
+    point-to-point exchange is one message each way around the ring, concurrently)."""
+    from refdl.predict import collective_pair
+
+    if p.op == "p2p":
+        level = _level(p, profile)
+        lk = profile.view("expected", library=_library(p, profile)).links[level].alpha_beta()
+        top = profile.view("bound").links[level].alpha_beta()
+        return lk.alpha + p.bytes * lk.beta, top.alpha + p.bytes * top.beta
+    return collective_pair(profile, OPS[p.op], "ring", p.bytes, p.workers,
+                           _library(p, profile), nodes=p.nodes)  # fmt: skip
+
+
+def step_times(p: Point) -> tuple[float, float]:
+    """(expected, bound) seconds of one single-device step at the point's batch."""
+    from refdl.predict import predict_steps
+
+    row = predict_steps(p.hw, "single", p.model, p.batch or ASSUMED_BATCH, [1],
+                        precision=PRECISION[p.precision])[0]  # fmt: skip
+    return row["step_time_s"], row["bound_step_time_s"]
+
+
+def efficiencies(p: Point, base_workers: int) -> dict[str, float]:
+    """Predicted weak-scaling efficiency at ``p.workers`` relative to ``base_workers``:
+    expected (bucketed overlap), and the no-overlap / full-overlap extremes; full overlap
+    is the bound (no framework hides more communication than all of it)."""
+    from refdl.predict import predict_steps
+
+    profile = hw.load(p.hw)
+    rows = predict_steps(p.hw, "data", p.model, p.batch or ASSUMED_BATCH,
+                         [base_workers, p.workers], scaling="weak",
+                         precision=PRECISION[p.precision],
+                         library=_library(p, profile))  # fmt: skip
+    b, r = rows
+
+    def eff(key: str) -> float:  # weak scaling: (thr_P / P) / (thr_b / b) = t_b / t_P
+        return b[key] / r[key]
+
+    return {
+        "expected": eff("step_time_s"),
+        "no_overlap": eff("step_time_no_overlap_s"),
+        "full_overlap": eff("step_time_full_overlap_s"),
+        "bound": eff("step_time_full_overlap_s"),
+    }
+
+
+def _skip(p: Point) -> str | None:
+    """Why a point cannot be predicted, or None."""
+    if not p.hw:
+        return "no refdl profile for this machine"
+    if p.kind == "collective" and p.op not in OPS:
+        return f"collective {p.op!r} not modelled"
+    if p.kind in ("step", "scaling") and p.precision not in PRECISION:
+        return "precision not stated"
+    if p.kind == "scaling" and p.metric not in ("samples_per_s", "efficiency"):
+        return "a time at one worker count: no base to scale from"
+    return None
+
+
+def _base(p: Point, points: list[Point]) -> Point | None:
+    """The series' smallest worker count: same source, model, precision and batch (and
+    the same profile where one has it)."""
+    same = [q for q in points
+            if q.source == p.source and q.model == p.model and q.precision == p.precision
+            and q.batch == p.batch and q.metric == "samples_per_s"
+            and q.workers < p.workers and q.kind in ("step", "scaling")]  # fmt: skip
+    if not same:
+        return None
+    mine = [q for q in same if q.hw == p.hw] or same
+    return min(mine, key=lambda q: (q.workers, q.index))
+
+
+def evaluate(points: list[Point]) -> list[dict[str, Any]]:
+    """Every point predicted (or the reason it is not)."""
+    out = []
+    for p in points:
+        row: dict[str, Any] = {"index": p.index, "source": p.source, "part": p.part,
+                               "kind": p.kind, "hw": p.hw, "where": p.where,
+                               "model": p.model or p.op, "workers": p.workers}  # fmt: skip
+        reason = _skip(p)
+        try:
+            if reason:
+                pass
+            elif p.kind == "collective":
+                profile = hw.load(p.hw)
+                t_pub = published_time(p)
+                t, bound = collective_times(p, profile)
+                row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
+                           bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
+            elif p.kind == "step":
+                t_pub = published_time(p)
+                t, bound = step_times(p)
+                # throughputs: predicted / published - 1 (= t_pub / t - 1); times: t / t_pub
+                err = t_pub / t - 1 if p.metric == "samples_per_s" else t / t_pub - 1
+                row.update(published=t_pub, predicted=t, bound=bound, error=err,
+                           faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
+            else:
+                if p.metric == "efficiency":
+                    base_w, pub = 1, p.value
+                else:
+                    base = _base(p, points)
+                    if base is None:
+                        reason = "no smaller worker count of the same series"
+                    else:
+                        base_w = base.workers
+                        pub = (p.value / p.workers) / (base.value / base.workers)
+                if not reason:
+                    e = efficiencies(p, base_w)
+                    row.update(published=pub, predicted=e["expected"],
+                               no_overlap=e["no_overlap"], full_overlap=e["full_overlap"],
+                               base_workers=base_w, error=e["expected"] - pub,
+                               bound=e["bound"],
+                               faster_than_bound=pub > e["bound"] + SCALING_NOISE)  # fmt: skip
+        except UsageError as e:
+            reason = str(e)
+        if reason:
+            row["skipped"] = reason
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per part and kind: n, median and max |error|; and the points faster than a bound."""
+    out: dict[str, Any] = {}
+    for part in ("calibration", "heldout"):
+        out[part] = {}
+        for kind in ("collective", "step", "scaling"):
+            errs = [abs(r["error"]) for r in rows
+                    if r["part"] == part and r["kind"] == kind and "error" in r]  # fmt: skip
+            out[part][kind] = {
+                "n": len(errs),
+                "median_abs_error": median(errs) if errs else None,
+                "max_abs_error": max(errs) if errs else None,
+            }
+    out["violations"] = [r["index"] for r in rows if r.get("faster_than_bound")]
+    out["skipped"] = sum(1 for r in rows if "skipped" in r)
+    return out
+
+
+# ------------------------------------------------------------------ fitting (calibration only)
+
+
+def fit_links(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per (profile, library, level): the latency and fraction of line rate that fit the
+    calibration part's collectives best (least squares on log time; a grid, so the fit
+    is reproducible), the latency no lower than the profile's."""
+    groups: dict[tuple[str, str, str], list[Point]] = {}
+    for p in points:
+        if p.part == "calibration" and p.kind == "collective" and not _skip(p):
+            profile = hw.load(p.hw)
+            groups.setdefault((p.hw, _library(p, profile), _level(p, profile)), []).append(p)
+    fits = {}
+    for (name, lib, level), pts in sorted(groups.items()):
+        if len(pts) < 2:  # one point cannot separate latency from bandwidth
+            continue
+        link = hw.load(name).links[level]
+        alphas = [link.latency_s * 10 ** (k / 20) for k in range(0, 61)]
+        fracs = [k / 200 for k in range(4, 201)]
+        best = None
+        for a in alphas:
+            for f in fracs:
+                lk = Link(alpha=a, beta=1.0 / (link.bandwidth * f))
+                loss = 0.0
+                for p in pts:
+                    if p.op == "p2p":
+                        t = lk.alpha + p.bytes * lk.beta
+                    else:
+                        t = collective_time(OPS[p.op], "ring", p.bytes, p.workers, lk)
+                    loss += math.log(t / published_time(p)) ** 2
+                if best is None or loss < best[0]:
+                    best = (loss, a, f)
+        fits[(name, lib, level)] = {"latency_s": best[1], "fraction": best[2],
+                                    "points": len(pts),
+                                    "sources": sorted({p.source for p in pts})}  # fmt: skip
+    return fits
+
+
+def fit_devices(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per (device, op class, dtype): the fraction of peak FLOP/s the calibration part's
+    single-device steps achieved (geometric mean of ``FLOPs / (peak x time)``)."""
+    from refdl.perf.model_cost import model_cost
+
+    groups: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    for p in points:
+        if p.part != "calibration" or p.kind != "step" or _skip(p):
+            continue
+        profile = hw.load(p.hw)
+        m = model_cost(p.model)
+        prec = PRECISION[p.precision]
+        dtype = profile.dtype_for(prec)
+        peak = profile.device.peak_flops.get(dtype, profile.peak_flops)  # as view("expected")
+        achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * published_time(p))
+        key = (profile.device.name, m.op_class, dtype)
+        groups.setdefault(key, []).append((achieved, p.source))
+    return {
+        k: {
+            "fraction": min(1.0, math.exp(sum(math.log(a) for a, _ in v) / len(v))),
+            "points": len(v),
+            "sources": sorted({s for _, s in v}),
+        }
+        for k, v in sorted(groups.items())
+    }
+
+
+# ------------------------------------------------------------------ the command
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f} %" if pct else f"{100 * x:.1f} pts"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(DATA), help="measurements TOML")
+    ap.add_argument("--json", action="store_true", help="summary and every point as JSON")
+    ap.add_argument("--plot", metavar="FILE.png", help="predicted vs published, log-log")
+    args = ap.parse_args(argv)
+    try:
+        if args.plot:
+            from refdl.config.paths import writable_file
+
+            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        points, _split = load(args.data)
+        rows = evaluate(points)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    s = summary(rows)
+    if args.plot:
+        from refdl.bench import plots
+
+        plots.published(rows, args.plot)
+    if args.json:
+        print(json.dumps({**s, "points": rows}, indent=1))
+        return 0
+    print(f"{len(rows)} published points, {s['skipped']} not predicted (see --json)")
+    print(f"{'part':12s} {'kind':11s} {'n':>4s} {'median |err|':>13s} {'max |err|':>11s}")
+    for part in ("calibration", "heldout"):
+        for kind, v in s[part].items():
+            pct = kind != "scaling"
+            print(f"{part:12s} {kind:11s} {v['n']:4d} {_fmt(v['median_abs_error'], pct):>13s} "
+                  f"{_fmt(v['max_abs_error'], pct):>11s}")  # fmt: skip
+    print(f"points faster than their bound: {len(s['violations'])} {s['violations'] or ''}")
+    return 0
