@@ -251,52 +251,35 @@ def main(argv=None) -> int:
             flush=True,
         )
 
+    def measure(group: str, name: str, dn: str, b: int, make) -> None:
+        """Time one case; a failure (out of memory, say) is recorded and the rest go on."""
+        row = {"group": group, "model": name, "dtype": dn, "batch": b}
+        try:
+            step, state, batch, n = make()
+            r, _ = time_steps(step, state, batch, min_s, reps)
+            row.update(params=n, **r)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        record(row)
+        jax.clear_caches()
+
     def run_own():
+        b = 8 if args.quick else 64
         for name in OWN:
             for dn, dt in dtypes.items():
-                b = 8 if args.quick else 64
-                try:
-                    step, state, batch, n, _ = own_case(name, dt, b)
-                    r, _ = time_steps(step, state, batch, min_s, reps)
-                    record(
-                        {"group": "own", "model": name, "dtype": dn, "batch": b, "params": n, **r}
-                    )
-                except Exception as e:
-                    record(
-                        {
-                            "group": "own",
-                            "model": name,
-                            "dtype": dn,
-                            "batch": b,
-                            "error": f"{type(e).__name__}: {str(e)[:300]}",
-                        }
-                    )
+                measure("own", name, dn, b,
+                        lambda name=name, dt=dt: own_case(name, dt, b)[:4])  # fmt: skip
 
     def run_paper():
         for name, b in PAPER.items():
-            if wanted and name not in wanted:
+            if (wanted and name not in wanted) or (
+                args.quick and name not in ("alexnet", "lstm_lm_medium")
+            ):
                 continue
+            b = 2 if args.quick else b
             for dn, dt in dtypes.items():
-                b = 2 if args.quick else b
-                if args.quick and name not in ("alexnet", "lstm_lm_medium"):
-                    continue
-                try:
-                    step, state, batch, n = paper_case(name, dt, b)
-                    r, _ = time_steps(step, state, batch, min_s, reps)
-                    record(
-                        {"group": "paper", "model": name, "dtype": dn, "batch": b, "params": n, **r}
-                    )
-                except Exception as e:
-                    record(
-                        {
-                            "group": "paper",
-                            "model": name,
-                            "dtype": dn,
-                            "batch": b,
-                            "error": f"{type(e).__name__}: {str(e)[:300]}",
-                        }
-                    )
-                jax.clear_caches()
+                measure("paper", name, dn, b,
+                        lambda name=name, dt=dt, b=b: paper_case(name, dt, b))  # fmt: skip
 
     def run_gpt():
         seq, vocab = (64, 512) if args.quick else (1024, 50257)
