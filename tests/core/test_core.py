@@ -66,6 +66,38 @@ def test_conv_matches_direct_sum():
     assert axes["kernel"] == (None, None, "conv_in", "conv_out")
 
 
+@pytest.mark.parametrize(
+    "shape, kernel, stride, padding",
+    [((3, 8, 8, 1), 5, 1, "SAME"), ((3, 4, 4, 8), 5, 1, "SAME"), ((2, 7, 6, 3), 3, 2, "SAME"),
+     ((2, 4, 4, 32), 3, 2, "SAME"), ((2, 9, 9, 4), 3, 2, "VALID")],
+)  # fmt: skip
+def test_im2col_conv_and_its_gradients_equal_xlas(shape, kernel, stride, padding):
+    """The CPU's patches x kernel formulation: values and both gradients as XLA's convolution
+    (fp32 summation order only), and chosen for exactly these small shapes."""
+    from refdl.core import conv
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((kernel, kernel, shape[-1], 16)), jnp.float32)
+    s = (stride, stride)
+    dims = ("NHWC", "HWIO", "NHWC")
+
+    def ref(x, k):
+        return jnp.sum(jnp.tanh(jax.lax.conv_general_dilated(x, k, s, padding,
+                                                             dimension_numbers=dims)))  # fmt: skip
+
+    def mine(x, k):
+        return jnp.sum(jnp.tanh(conv.im2col_conv(x, k, s, padding)))
+
+    assert conv.use_im2col(shape, k.shape, s, padding)
+    for a, b in zip(jax.grad(ref, (0, 1))(x, k), jax.grad(mine, (0, 1))(x, k), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    y_ref = jax.lax.conv_general_dilated(x, k, s, padding, dimension_numbers=dims)
+    np.testing.assert_allclose(jax.jit(conv.conv2d, static_argnums=(2, 3))(x, k, s, padding),
+                               y_ref, rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert not conv.use_im2col((64, 32, 32, 16), (3, 3, 16, 16), (1, 1), "SAME")
+
+
 def test_lstm_matches_hand_written_step():
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32)

@@ -38,7 +38,7 @@ def run_module(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------- adapter
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet", "lstm_lm"])
+@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet", "lstm_lm", "transformer"])
 def test_converted_model_computes_refdls_forward_pass(model):
     import jax.numpy as jnp
 
@@ -65,7 +65,8 @@ def test_same_padding_puts_the_odd_pixel_high_like_xla():
 
 
 @pytest.mark.parametrize(
-    "model", ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm"]
+    "model",
+    ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm", "transformer"],
 )
 def test_validate_single_passes_for_each_model(model):
     r = V.validate(_args(strategy="single", model=model, steps=3))
@@ -299,3 +300,23 @@ def test_bench_compare_writes_json_and_png(tmp_path):
 def test_bench_compare_refuses_unknown_frameworks():
     bad = run_module("refdl.bench", "compare", "--frameworks", "refdl,tf")
     assert bad.returncode == 2 and "--frameworks" in bad.stderr
+
+
+def test_bench_compare_times_refdl_as_the_loop_waits():
+    """--sync-every 3 over 7 steps: the first step alone, then two windows of 3, each step
+    carrying its window's mean; single-device PyTorch runs in a process of its own."""
+    from refdl.bench.compare import refdl_step_times
+
+    t = refdl_step_times("mlp", "single", 1, 7, 16, sync_every=3)
+    assert len(t) == 7 and all(x > 0 for x in t)
+    assert t[1] == t[2] == t[3] and t[4] == t[5] == t[6]
+    proc = run_module("refdl.bench", "compare", "--model", "mlp", "--strategy", "single",
+                      "--devices", "1", "--steps", "7", "--warmup", "1", "--rounds", "1",
+                      "--sync-every", "3", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["refdl_sync_every"] == 3 and r["rows"][0]["devices"] == 1
+    assert r["rows"][0]["torch_samples_per_s"] > 0
+    bad = run_module("refdl.bench", "compare", "--strategy", "single", "--devices", "1",
+                     "--sync-every", "0")  # fmt: skip
+    assert bad.returncode == 2 and "--sync-every" in bad.stderr

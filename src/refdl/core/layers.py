@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from refdl.core.conv import conv2d
+
 Array = jax.Array
 PyTree = Any
 Axes = tuple[str | None, ...]
@@ -96,13 +98,7 @@ class Conv(nn.Module):
             (kh, kw, x.shape[-1], self.features),
             (None, None, "conv_in", "conv_out"),
         )
-        y = jax.lax.conv_general_dilated(
-            x,
-            kernel,
-            window_strides=self.strides,
-            padding=self.padding,
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        )
+        y = conv2d(x, kernel, self.strides, self.padding)
         if self.use_bias:
             y = y + _param(self, "bias", nn.initializers.zeros, (self.features,), ("conv_out",))
         return activation(self.act)(y)

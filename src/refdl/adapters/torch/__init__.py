@@ -18,6 +18,7 @@ from refdl.adapters.torch.runners import (
     train_ddp,
     train_pipeline,
     train_single,
+    train_single_apart,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "train_ddp",
     "train_pipeline",
     "train_single",
+    "train_single_apart",
 ]

@@ -2,7 +2,7 @@
 
 ``ModelPlan.of(model, sample_x)`` records each layer and its input shape;
 ``ModelPlan.build(flat_params)`` builds a ``torch.nn.Module`` from a refdl
-``Sequential`` (``mlp``, ``lenet5``, ``resnet``, ``lstm_lm``):
+``Sequential`` (``mlp``, ``lenet5``, ``resnet``, ``lstm_lm``, ``transformer``):
 
 - the input stays refdl's NHWC; the first block permutes it to PyTorch's NCHW,
   and ``Flatten`` permutes back before flattening, so Dense kernels keep rows;
@@ -11,6 +11,9 @@
 - LSTM ``w_ih (D, 4H)``, ``w_hh (H, 4H)`` -> ``weight_ih/weight_hh (4H, .)`` with
   the same gate order (i, f, g, o); refdl has one bias, so ``bias_hh`` stays zero
   and frozen (two trained biases would take the same gradient twice);
+- Transformer blocks: ``wq/wk/wv (d, heads, head_dim)`` -> bias-free
+  ``Linear.weight (heads * head_dim, d)``, ``wo`` likewise; causal
+  ``scaled_dot_product_attention``; GELU is the tanh approximation (jax.nn.gelu's);
 - BatchNorm ``scale/bias`` -> ``weight/bias``; flax's momentum 0.9 is PyTorch's
   0.1. PyTorch updates ``running_var`` with the unbiased batch variance and flax
   with the biased one, so running statistics are not compared (parameters are).
@@ -81,7 +84,7 @@ _ACT = {
     "relu": lambda x: F.relu(x),
     "tanh": lambda x: torch.tanh(x),
     "sigmoid": lambda x: torch.sigmoid(x),
-    "gelu": lambda x: F.gelu(x),
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),  # jax.nn.gelu's default
 }
 
 
@@ -308,6 +311,70 @@ if torch is not None:
             yield f"{self.key}/w_hh", self.lstm.weight_hh_l0, _t2, _t2
             yield f"{self.key}/bias", self.lstm.bias_ih_l0, _same, _same
 
+    class PositionalEmbed(Block):
+        """Learned positions added to ``[B, T, D]``."""
+
+        def __init__(self, key, max_len, features) -> None:
+            super().__init__()
+            self.key = key
+            self.embedding = nn.Parameter(torch.zeros(max_len, features))
+
+        def forward(self, x):
+            return x + self.embedding[None, : x.shape[1]]
+
+        def links(self):
+            yield f"{self.key}/embedding", self.embedding, _same, _same
+
+    class LayerNorm(Block):
+        """refdl's ``LayerNorm`` (flax's, eps 1e-5) over the last axis."""
+
+        def __init__(self, key, features) -> None:
+            super().__init__()
+            self.key = key
+            self.norm = nn.LayerNorm(features, eps=1e-5)
+
+        def forward(self, x):
+            return self.norm(x)
+
+        def links(self):
+            yield f"{self.key}/LayerNorm_0/scale", self.norm.weight, _same, _same
+            yield f"{self.key}/LayerNorm_0/bias", self.norm.bias, _same, _same
+
+    class TransformerBlock(Block):
+        """Pre-LN decoder block: x + MHA(LN(x)) with a causal mask, then x + MLP(LN(x));
+        refdl's ``(d, heads, head_dim)`` projections are bias-free ``Linear`` layers."""
+
+        def __init__(self, key, d, heads, mlp_dim) -> None:
+            super().__init__()
+            self.key, self.heads, self.hd = key, heads, d // heads
+            self.ln0 = LayerNorm(f"{key}/LayerNorm_0", d)
+            self.ln1 = LayerNorm(f"{key}/LayerNorm_1", d)
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+            self.fc0 = Dense(f"{key}/Dense_0", d, mlp_dim, "gelu", True)
+            self.fc1 = Dense(f"{key}/Dense_1", mlp_dim, d, None, True)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            y = self.ln0(x)
+            q, k, v = (w(y).view(b, t, self.heads, self.hd).transpose(1, 2)
+                       for w in (self.wq, self.wk, self.wv))  # fmt: skip
+            ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.wo(ctx.transpose(1, 2).reshape(b, t, d))
+            return x + self.fc1(self.fc0(self.ln1(x)))
+
+        def links(self):
+            n, h = self.heads, self.hd
+            yield from self.ln0.links()
+            yield from self.ln1.links()
+            for name in ("wq", "wk", "wv"):  # (d, n, h) <-> Linear.weight (n h, d)
+                yield (f"{self.key}/{name}", getattr(self, name).weight,
+                       lambda a: a.reshape(a.shape[0], -1).T,
+                       lambda a, n=n, h=h: a.T.reshape(-1, n, h))  # fmt: skip
+            yield (f"{self.key}/wo", self.wo.weight, lambda a: a.reshape(-1, a.shape[-1]).T,
+                   lambda a, n=n, h=h: a.T.reshape(n, h, -1))  # fmt: skip
+            yield from self.fc0.links()
+            yield from self.fc1.links()
+
     class _ContiguousGrad(torch.autograd.Function):
         """Identity whose backward makes the gradient contiguous: a pipeline stage sends
         its input's gradient to the previous stage, and gloo sends only contiguous tensors."""
@@ -366,9 +433,15 @@ def _layer_block(layer: Any, key: str, shape: tuple[int, ...], bn: str) -> Any:
         return Embed(key, layer.vocab_size, layer.features)
     if kind is L.LSTM:
         return LSTM(key, c, layer.hidden)
+    if kind is L.PositionalEmbed:
+        return PositionalEmbed(key, layer.max_len, c)
+    if kind is L.LayerNorm:
+        return LayerNorm(key, c)
+    if kind is L.TransformerBlock:
+        return TransformerBlock(key, c, layer.num_heads, layer.mlp_dim)
     raise UsageError(
         f"the torch adapter has no twin for layer {type(layer).__name__} ({key}); "
-        "it covers mlp, lenet5, resnet and lstm_lm"
+        "it covers mlp, lenet5, resnet, lstm_lm and transformer"
     )
 
 

@@ -114,6 +114,18 @@ def train_single(plan: TrainPlan) -> TorchResult:
     return TorchResult(losses, export(model), times, first)
 
 
+def train_single_apart(plan: TrainPlan, timeout: float = 600) -> TorchResult:
+    """``train_single`` in a spawned process of its own, so that PyTorch's thread pools
+    never share a process with what it is compared against (benchmarks)."""
+    require()
+    return _read(_spawn(_single_rank, 1, plan, None, timeout))
+
+
+def _single_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
+    r = train_single(plan)
+    _save(out / f"rank{rank}.npz", r.params, r.losses, r.step_times, r.first_params)
+
+
 def _trainable(model: Any) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 

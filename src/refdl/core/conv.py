@@ -1,0 +1,68 @@
+"""2-D convolution (NHWC x HWIO), formulated for the platform it runs on.
+
+XLA:CPU's own convolution emitter is many times slower than its matrix product
+on the convolutions of small networks: few input channels (LeNet's first
+layer, an RGB stem) or a window as large as the image (5x5 on 4x4 maps, 3x3 on
+2x2). On those shapes the CPU program gathers the patches and multiplies
+(``im2col``: the same products, summed in another order); everywhere else,
+and on every other platform (cuDNN, TPU), the program is XLA's convolution.
+``lax.platform_dependent`` makes the choice when the program is lowered for
+its device, so one model serves a CPU and a GPU unchanged.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+_DIMS = ("NHWC", "HWIO", "NHWC")
+
+
+def conv2d(x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> Array:
+    """``y[n, h, w, o] = sum_{i, j, c} x[n, h*s + i - p, w*s + j - p, c] kernel[i, j, c, o]``."""
+
+    def xla(x: Array, kernel: Array) -> Array:
+        return lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
+
+    if not use_im2col(x.shape, kernel.shape, strides, padding):
+        return xla(x, kernel)
+    return lax.platform_dependent(
+        x, kernel, cpu=lambda x, k: im2col_conv(x, k, strides, padding), default=xla
+    )
+
+
+def output_size(n: int, k: int, s: int, pads: tuple[int, int]) -> int:
+    """Output length of a window ``k`` with stride ``s`` over ``n`` padded by ``pads``."""
+    return (n + pads[0] + pads[1] - k) // s + 1
+
+
+def use_im2col(
+    x_shape: tuple[int, ...], k_shape: tuple[int, ...], strides: tuple[int, int], padding: str
+) -> bool:
+    """Whether a CPU runs this convolution faster as patches x kernel: fewer than 16 input
+    channels, or an output of at most 2x2 (measured on 2 cores, docs/speed.md)."""
+    _, h, w, c = x_shape
+    kh, kw = k_shape[:2]
+    pads = lax.padtype_to_pads((h, w), (kh, kw), strides, padding)
+    ho = output_size(h, kh, strides[0], pads[0])
+    wo = output_size(w, kw, strides[1], pads[1])
+    return c < 16 or ho * wo <= 4
+
+
+def im2col_conv(x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> Array:
+    """The convolution as one matrix product: every output position's ``kh x kw x C``
+    window (in the kernel's ``(i, j, c)`` order) times the kernel reshaped to ``(kh kw C, O)``."""
+    n, h, w, c = x.shape
+    kh, kw, _, o = kernel.shape
+    sh, sw = strides
+    pads = lax.padtype_to_pads((h, w), (kh, kw), strides, padding)
+    ho, wo = output_size(h, kh, sh, pads[0]), output_size(w, kw, sw, pads[1])
+    xp = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    ends = lambda i, j: (n, i + sh * (ho - 1) + 1, j + sw * (wo - 1) + 1, c)  # noqa: E731
+    cols = [lax.slice(xp, (0, i, j, 0), ends(i, j), (1, sh, sw, 1)) for i in range(kh)
+            for j in range(kw)]  # fmt: skip
+    patches = jnp.concatenate(cols, axis=-1) if len(cols) > 1 else cols[0]
+    y = jnp.dot(patches.reshape(n * ho * wo, kh * kw * c), kernel.reshape(kh * kw * c, o))
+    return y.reshape(n, ho, wo, o)
