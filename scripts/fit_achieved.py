@@ -5,7 +5,9 @@ writes an ``[achieved]`` block at the end of each GPU profile (replacing one tha
 there):
 
 - per device (every profile with that device name) and op class / dtype, the
-  fraction of peak FLOP/s the calibration steps achieved (``fit_devices``);
+  fraction of peak FLOP/s ResNet-50-like calibration steps achieved, and per
+  convolutional architecture its factor relative to ResNet-50 (``fit_steps``;
+  the factors go to ``src/refdl/perf/architectures.toml``);
 - per profile, library and link the latency and fraction of line rate that fit the
   calibration collectives (``fit_links``); a profile or link with no calibration
   collective takes the median of the fitted ones of its kind (NVLink or PCIe inside
@@ -27,7 +29,8 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from refdl import hw
-from refdl.bench.published import DATA, fit_devices, fit_links, load
+from refdl.bench.published import DATA, REFERENCE_MODEL, fit_links, fit_steps, load
+from refdl.perf import architectures
 
 PROFILES = Path(__file__).resolve().parents[1] / "src" / "refdl" / "hw" / "profiles"
 MEMORY = 0.9
@@ -92,7 +95,21 @@ def main(argv: list[str] | None = None) -> int:
         text = path.read_text()
         if "\n[achieved]" in text:
             path.write_text(text[: text.index("\n[achieved]") + 1])
-    devices = fit_devices(points)
+    devices, models = fit_steps(points)
+    today = datetime.date.today().isoformat()
+    lines = [
+        f"# Written by scripts/fit_achieved.py on {today} from the calibration part of",
+        "# docs/published/measurements.toml: an architecture's achieved fraction of",
+        f"# peak relative to {REFERENCE_MODEL}'s on one device (refdl.perf.architectures)",
+    ]
+    for name, v in models.items():
+        lines += [
+            "",
+            f"[model.{name}]",
+            f"factor = {v['factor']:.4g}",
+            f'source = "{v["points"]} calibration steps ({", ".join(v["sources"])})"',
+        ]
+    architectures.FILE.write_text("\n".join(lines) + "\n")
     links = fit_links(points)
     medians = {}
     for (name, _lib, level), v in links.items():
@@ -103,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
             "names": ", ".join(n for n, _ in vs)}
         for k, vs in medians.items()
     }  # fmt: skip
-    today = datetime.date.today().isoformat()
     for name in hw.names():
         if name in CPU:
             continue
@@ -113,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: written", file=sys.stderr)
     for k, v in devices.items():
         print(f"device {k}: {v['fraction']:.3f} ({v['points']} points)")
+    for k, v in models.items():
+        print(f"architecture {k}: {v['factor']:.3f} ({v['points']} points)")
     for k, v in links.items():
         print(f"link {k}: latency {v['latency_s']:.3g} s, fraction {v['fraction']:.3f} "
               f"({v['points']} points)")  # fmt: skip

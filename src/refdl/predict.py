@@ -32,7 +32,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
-from refdl.perf import PredictOptions
+from refdl.perf import PredictOptions, architectures
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
@@ -90,7 +90,8 @@ def predict_steps(
             "at most"
         )
     m = model_cost(model)
-    expected_hw = profile.view("expected", precision, m.op_class, library)
+    arch = architectures.factor(model) if m.op_class == "conv" else 1.0
+    expected_hw = profile.view("expected", precision, m.op_class, library, arch)
     bound_hw = profile.view("bound", precision, m.op_class)
     if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
         opts = dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
@@ -123,6 +124,7 @@ def predict_steps(
                 "model": model,
                 "precision": precision,
                 "library": library or profile.default_library(),
+                "architecture_factor": arch if profile.achieved is not None else None,
                 "workers": w,
                 "global_batch": batch,
                 "step_time_s": c.step_time_s,

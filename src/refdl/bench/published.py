@@ -314,31 +314,59 @@ def fit_links(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]
     return fits
 
 
-def fit_devices(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Per (device, op class, dtype): the fraction of peak FLOP/s the calibration part's
-    single-device steps achieved (geometric mean of ``FLOPs / (peak x time)``)."""
+REFERENCE_MODEL = "resnet50"  # the architecture whose factor is 1 (refdl.perf.architectures)
+
+
+def fit_steps(
+    points: list[Point], iterations: int = 200
+) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Fit the calibration part's single-device steps as ``time = FLOPs / (peak x
+    fraction[device, op class, dtype] x factor[model])``: least squares in log space,
+    alternating between the two factors, ResNet-50's factor 1. Only convolutional
+    models get a factor (a GEMM-class device fraction is fitted on its models alone).
+    Returns (per device key: fraction, points, sources; per model: factor, points,
+    sources)."""
     from refdl.perf.model_cost import model_cost
 
-    groups: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
+    rows = []
     for p in points:
         if p.part != "calibration" or p.kind != "step" or _skip(p):
             continue
         profile = hw.load(p.hw)
         m = model_cost(p.model)
-        prec = PRECISION[p.precision]
-        dtype = profile.dtype_for(prec)
+        dtype = profile.dtype_for(PRECISION[p.precision])
         peak = profile.device.peak_flops.get(dtype, profile.peak_flops)  # as view("expected")
         achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * published_time(p))
-        key = (profile.device.name, m.op_class, dtype)
-        groups.setdefault(key, []).append((achieved, p.source))
-    return {
-        k: {
-            "fraction": min(1.0, math.exp(sum(math.log(a) for a, _ in v) / len(v))),
-            "points": len(v),
-            "sources": sorted({s for _, s in v}),
-        }
-        for k, v in sorted(groups.items())
-    }
+        model = p.model if m.op_class == "conv" else None
+        rows.append(((profile.device.name, m.op_class, dtype), model, math.log(achieved), p))
+    dev: dict[tuple[str, str, str], float] = {}
+    arch: dict[str, float] = {}
+
+    def mean_by(key, value) -> dict:
+        groups: dict[Any, list[float]] = {}
+        for r in rows:
+            if key(r) is not None:
+                groups.setdefault(key(r), []).append(value(r))
+        return {k: sum(v) / len(v) for k, v in groups.items()}
+
+    for _ in range(iterations):
+        dev = mean_by(lambda r: r[0], lambda r, a=arch: r[2] - a.get(r[1], 0.0))
+        arch = mean_by(lambda r: r[1], lambda r, d=dev: r[2] - d[r[0]])
+        ref = arch.get(REFERENCE_MODEL, 0.0)  # ResNet-50 is 1: shift its log into dev
+        arch = {k: v - ref for k, v in arch.items()}
+    devices = {
+        k: {"fraction": min(1.0, math.exp(v)),
+            "points": sum(1 for r in rows if r[0] == k),
+            "sources": sorted({r[3].source for r in rows if r[0] == k})}
+        for k, v in sorted(dev.items())
+    }  # fmt: skip
+    models = {
+        k: {"factor": math.exp(v),
+            "points": sum(1 for r in rows if r[1] == k),
+            "sources": sorted({r[3].source for r in rows if r[1] == k})}
+        for k, v in sorted(arch.items())
+    }  # fmt: skip
+    return devices, models
 
 
 # ------------------------------------------------------------------ the command

@@ -135,11 +135,13 @@ class HardwareProfile:
         precision: str = "fp32",
         op_class: str = "gemm",
         library: str | None = None,
+        architecture: float = 1.0,
     ) -> HardwareProfile:
         """This profile as the cost formulas should read it: ``bound`` (peak FLOP/s of
         ``precision``, line rates at the links' ``achievable``) or ``expected`` (the
-        ``[achieved]`` fractions for ``op_class`` and ``library``; a profile without them
-        is its own expectation). Memory traffic scales with the precision's bytes. The
+        ``[achieved]`` fractions for ``op_class`` and ``library``, the device's scaled by
+        the model's ``architecture`` factor, ``refdl.perf.architectures``; a profile
+        without them is its own expectation). Memory traffic scales with the precision's bytes. The
         bound leaves memory out (XLA's byte count, taken before fusion, overstates it),
         runs links at line rate, fp32 at the TF32 peak where there is one (the default
         of cuDNN and cuBLAS on such cards), and allows convolutions Winograd's saving."""
@@ -166,8 +168,8 @@ class HardwareProfile:
                 peak *= WINOGRAD
         a = self.achieved if kind == "expected" else None
         if a is not None:  # the fractions were fitted to whole steps: memory-bound work
-            peak *= a.fraction(op_class, dtype)  # is inside them, and XLA's byte count,
-            bw = math.inf  # taken before fusion, is no estimate of traffic
+            peak *= a.fraction(op_class, dtype) * architecture  # is inside them, and XLA's
+            bw = math.inf  # byte count, taken before fusion, is no estimate of traffic
             for level, got in a.links.get(library, {}).items():
                 if level in links:
                     links[level] = dataclasses.replace(
