@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench_out/pipeline")
     ap.add_argument("--model", default="lenet5")
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
 
     from refdl.bench.plots import gantt
@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                 state = strat.init_state(0)
                 for step in trajectory(run, state, 0, args.steps + 1, per_step=True):
                     state, metrics = step.state, step.metrics
-                    history["bubble_fraction_measured"].append(metrics["bubble_fraction_measured"])
+                    if "bubble_fraction_measured" in metrics:  # a step timed op by op
+                        history["bubble_fraction_measured"].append(
+                            metrics["bubble_fraction_measured"]
+                        )
+                        timeline = metrics["timeline"]
                     history["peak_activation_bytes_per_stage"] = metrics[
                         "peak_activation_bytes_per_stage"
                     ]
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if (p, m) == (4, 8) and sched in GANTT:
                     gantt(
-                        metrics["timeline"],
+                        timeline,
                         p,
                         out / f"gantt_P4_M8_{sched}.png",
                         f"{sched}, 4 stages, 8 microbatches (executed)",

@@ -73,6 +73,9 @@ def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation(
         assert architectures.factor(name) == pytest.approx(v["factor"], rel=1e-3)
         assert set(v["sources"]) <= set(split["calibration"])
     assert architectures.factor("gpt2") == 1.0 and architectures.source("gpt2") is None
+    fitted = devices[("H100 SXM", "conv", "tf32")]["fraction"]
+    written = hw.load("h100-nvlink").achieved.fraction("conv", "tf32")
+    assert written == pytest.approx(fitted, rel=1e-3)
     h100 = hw.load("h100-nvlink")
     a = h100.view("expected", "fp32", "conv").peak_flops
     b = h100.view("expected", "fp32", "conv", architecture=2.0).peak_flops

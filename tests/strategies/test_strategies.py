@@ -290,6 +290,30 @@ def test_pipeline_cli_reports_bubbles_and_draws_the_schedule(tmp_path):
     assert (tmp_path / "gantt.png").stat().st_size > 10_000
 
 
+def test_pipeline_times_the_first_two_and_the_logged_steps_only():
+    """StepClock: steps 1, 2 and every log_every-th are walked slot by slot and carry the
+    timeline; the others are dispatched ahead and carry none; a resumed run counts from
+    its state's step."""
+    from types import SimpleNamespace
+
+    from refdl.strategies.pipeline import StepClock
+
+    def steps(start, n, every=5):
+        clock = StepClock(every)
+        state = [SimpleNamespace(step=np.asarray(start, np.int32))]
+        return [start + i + 1 for i in range(n) if clock.timed(state)]
+
+    assert steps(0, 12) == [1, 2, 5, 10]
+    assert steps(7, 9) == [8, 9, 10, 15]
+    run = build(RunSpec(strategy="pipeline", devices=2, microbatches=2, log_every=3))
+    state = run.strategy.init_state(0)
+    got = []
+    for t in range(4):
+        state, m = run.strategy.train_step(state, run.batch(t))
+        got.append("timeline" in m and 0 <= m["bubble_fraction_measured"] < 1)
+    assert got == [True, True, True, False]
+
+
 def test_explicit_stage_boundaries(tmp_path):
     run = build(RunSpec(strategy="pipeline", devices=2, microbatches=2, stage_boundaries=(5,)))
     assert [len(c) for c in run.strategy.chunks] == [5, 3]

@@ -12,12 +12,29 @@ its device, so one model serves a CPU and a GPU unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
 _DIMS = ("NHWC", "HWIO", "NHWC")
+_XLA_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("xla_only", default=False)
+
+
+@contextlib.contextmanager
+def xla_only(on: bool = True) -> Iterator[None]:
+    """While tracing a program whose convolutions' inputs are split by channels (tensor
+    parallelism), keep XLA's convolution: its partitioner gathers the input, where with
+    patches it would gather the patches (kh x kw times the bytes)."""
+    token = _XLA_ONLY.set(on)
+    try:
+        yield
+    finally:
+        _XLA_ONLY.reset(token)
 
 
 def conv2d(x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> Array:
@@ -26,7 +43,7 @@ def conv2d(x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> A
     def xla(x: Array, kernel: Array) -> Array:
         return lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
 
-    if not use_im2col(x.shape, kernel.shape, strides, padding):
+    if _XLA_ONLY.get() or not use_im2col(x.shape, kernel.shape, strides, padding):
         return xla(x, kernel)
     return lax.platform_dependent(
         x, kernel, cpu=lambda x, k: im2col_conv(x, k, strides, padding), default=xla

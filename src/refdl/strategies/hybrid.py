@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
+from refdl.core import conv
 from refdl.core.state import TrainState
 from refdl.strategies.base import Batch, History, Strategy, register
 from refdl.strategies.pipeline import Pipeline
@@ -63,7 +64,8 @@ class Hybrid(Strategy):
         )
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
                  for k, v in self.abstract_batch().items()}  # fmt: skip
-        self._step = step.lower(abstract, batch).compile()
+        with conv.xla_only(plan.mesh.model > 1):  # convolutions split by channels
+            self._step = step.lower(abstract, batch).compile()
         self.comm = collective_bytes(self._step.as_text(), len(devices))
 
     def state_shardings(self, state: TrainState) -> TrainState:

@@ -4,24 +4,26 @@ through them in the order a schedule table gives (``refdl.parallel.schedule``).
 The model's layers are cut into ``stages x chunks`` contiguous virtual stages,
 balanced by parameter count; the schedule places virtual stage ``k`` on a device
 (``k % stages`` for the looped schedules, a V for ZB-V). The executor walks the
-table slot by slot: in each slot it dispatches every stage's operation
-(asynchronously, so the devices run concurrently), then waits for them and
-records when each finished. A forward sends its output activation to the next
-virtual stage's device; a backward recomputes its chunk's forward under
-``jax.vjp`` from the stashed input (rematerialisation), accumulates the
-parameter gradient and sends the input gradient back. The zero-bubble schedules
-split that backward into two programs: ``B`` (the gradient w.r.t. the chunk's
-input, sent back at once) and ``W`` (w.r.t. its parameters, run later from the
-kept input and output gradient). The last stage's loss is scaled by
-``1/microbatches``, so the summed gradient is the full batch's and the step
-equals ``single``'s. Each stage then applies the optimizer to its own
-parameters (optax's sgd/momentum/nesterov/adam are element-wise, so per-stage
-updates equal one update of the whole tree).
+table dispatching every operation without waiting (JAX orders them by their
+data), except on the steps it times (below) and where a stage's programs hold
+collectives on simulated CPU devices (``dispatch_ahead``): there it waits slot
+by slot. A forward sends its output activation to the next virtual stage's
+device; a backward recomputes its chunk's forward under ``jax.vjp`` from the
+stashed input (rematerialisation), accumulates the parameter gradient and sends
+the input gradient back. The zero-bubble schedules split that backward into two
+programs: ``B`` (the gradient w.r.t. the chunk's input, sent back at once) and
+``W`` (w.r.t. its parameters, run later from the kept input and output
+gradient). The last stage's loss is scaled by ``1/microbatches``, so the summed
+gradient is the full batch's and the step equals ``single``'s. Each stage then
+applies the optimizer to its own parameters (optax's sgd/momentum/nesterov/adam
+are element-wise, so per-stage updates equal one update of the whole tree).
 
 Bubble accounting: ``bubble_fraction_analytic`` is read off the table
 (idle share of ``stages x slots``); ``bubble_fraction_measured`` is
-``1 - sum(busy) / (stages x step time)`` from the recorded timeline, where an
-operation is busy from its slot's start until its result is ready.
+``1 - sum(busy) / (stages x step time)`` from the recorded timeline of the steps
+it times (``StepClock``: the first two and the ones the loop logs), walked slot by
+slot, each operation busy from its slot's start until its result is ready. The other steps
+carry no timeline (the host cannot see when an operation dispatched ahead starts).
 """
 
 from __future__ import annotations
@@ -39,11 +41,29 @@ from jax.sharding import PartitionSpec as P
 from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
+from refdl.core import conv
 from refdl.core.losses import LOSSES
 from refdl.core.state import TrainState
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
+
+MEASURE_EVERY = 5  # steps between timed ones when the loop logs none (--log-every 0)
+
+
+class StepClock:
+    """Which steps the executor times (walks slot by slot): the first two it takes, and
+    those the training loop logs, every ``every``-th step counted from the state's own
+    step (read once, on the first call, so a resumed run logs the same steps)."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.step, self.calls = every, None, 0
+
+    def timed(self, state: Any) -> bool:
+        if self.step is None:
+            self.step = int(jax.device_get(state[0].step))
+        self.step, self.calls = self.step + 1, self.calls + 1
+        return self.calls <= 2 or self.step % self.every == 0
 
 
 @register("pipeline")
@@ -72,6 +92,7 @@ class Pipeline(Strategy):
         self.k_last = p * v - 1
         self.device = [device_of(spec.schedule, p, k)[0] for k in range(p * v)]
         self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
+        self._clock = StepClock(spec.log_every or MEASURE_EVERY)  # the steps it times
         self.shardings = [
             self.state_sharding(k, self.stage_state(self.abstract, k))
             for k in range(len(self.chunks))
@@ -192,8 +213,17 @@ class Pipeline(Strategy):
     # -- one step: walk the table --------------------------------------------------------------
 
     def train_step(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
-        xs = np.split(batch["x"], self.m)
-        ys = np.split(batch["y"], self.m)
+        # The stage programs are traced at their first call, here: a stage split by the
+        # tensor-parallel rules keeps XLA's convolution (``refdl.core.conv.xla_only``).
+        with conv.xla_only(self.plan.mesh.model > 1):
+            return self._walk(state, batch)
+
+    def _walk(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
+        """One step: the table walked, then each stage's optimizer update."""
+        # Every microbatch's input to the first stage and labels to the last, in one
+        # transfer each (a device_put per microbatch cost ~100 us of host time apiece).
+        xs = jax.device_put(np.split(batch["x"], self.m), self.act_sharding(0))
+        ys = jax.device_put(np.split(batch["y"], self.m), self.act_sharding(self.k_last))
         stash: dict[tuple[int, int], Any] = {}  # (mb, k) -> input activation of k
         sent: dict[tuple[int, int], Any] = {}  # (mb, k) -> k's output, or d loss / d output
         kept: dict[tuple[int, int], Any] = {}  # (mb, k) -> output gradient kept for W
@@ -219,6 +249,9 @@ class Pipeline(Strategy):
             gsum[k] = g if gsum[k] is None else self._add(gsum[k], g)
             return gsum[k]
 
+        # Timed steps (the first two and the logged ones) wait slot by slot and record the
+        # timeline (the bubble); the others dispatch the whole table and return at once.
+        timed = self._clock.timed(state) or not self.dispatch_ahead
         t0 = time.perf_counter()
         for row in self.schedule.table:
             start = time.perf_counter() - t0
@@ -229,13 +262,10 @@ class Pipeline(Strategy):
                 k, mb = self.schedule.virtual(s, op), op.mb
                 params, fns, last = state[k].params, self._fns[k], k == self.k_last
                 if op.kind == "F":
-                    if k == 0:
-                        x = jax.device_put(xs[mb], self.act_sharding(k))
-                    else:
-                        x = receive(sent.pop((mb, k - 1)), k, k - 1)
+                    x = xs[mb] if k == 0 else receive(sent.pop((mb, k - 1)), k, k - 1)
                     stash[(mb, k)] = x
                     hold(s, x.nbytes)
-                    y = (jax.device_put(ys[mb], self.act_sharding(k)),) if last else ()
+                    y = (ys[mb],) if last else ()
                     result, new_model_state[k] = fns.fwd(params, new_model_state[k], x, *y)
                     if last:
                         losses.append(result)
@@ -262,6 +292,8 @@ class Pipeline(Strategy):
                     held = x.nbytes + (g.nbytes if self.schedule.split_backward and not last else 0)
                     live[s] -= held
                 pending.append((s, str(op), result))
+            if not timed:
+                continue
             for s, name, result in pending:
                 jax.block_until_ready(result)
                 timeline.append((s, name, start, time.perf_counter() - t0))
@@ -270,17 +302,23 @@ class Pipeline(Strategy):
             update(st, g, ms)
             for update, st, g, ms in zip(self._updates, state, gsum, new_model_state, strict=True)
         ]
-        jax.block_until_ready(state)
-        busy = sum(end - begin for _, _, begin, end in timeline)
-        measured = 1.0 - busy / (self.p * total)
-        loss = jnp.mean(jnp.stack(losses))
-        return state, {
-            "loss": loss,
-            "bubble_fraction_measured": measured,
-            "comm_bytes": p2p,
-            "peak_activation_bytes_per_stage": peak,
-            "timeline": timeline,
-        }
+        if timed:
+            jax.block_until_ready(state)
+        metrics = {"loss": jnp.mean(jnp.stack(losses)), "comm_bytes": p2p,
+                   "peak_activation_bytes_per_stage": peak}  # fmt: skip
+        if timed:
+            busy = sum(end - begin for _, _, begin, end in timeline)
+            metrics.update(bubble_fraction_measured=1.0 - busy / (self.p * total),
+                           timeline=timeline)  # fmt: skip
+        return state, metrics
+
+    @property
+    def dispatch_ahead(self) -> bool:
+        """Whether untimed steps dispatch the whole table before waiting: always, except
+        where a stage's programs hold collectives (stages of several devices) on simulated
+        CPU devices, where queued programs can deadlock XLA's thread pool
+        (``serialize_steps``)."""
+        return not (self.serialize_steps and self.plan.mesh.size > self.p)
 
     def summary(self, history: History) -> dict[str, Any]:
         return {

@@ -102,11 +102,13 @@ def train_single(plan: TrainPlan) -> TorchResult:
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
         t0 = time.perf_counter()
-        _set_lr(opt, lr)
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            _set_lr(opt, lr)
+            opt.zero_grad(set_to_none=True)
         loss = criterion(model(_tensor(batch["x"])), _tensor(batch["y"]))
         loss.backward()
-        opt.step()
+        if opt is not None:
+            opt.step()
         losses.append(float(loss.detach()))
         times.append(time.perf_counter() - t0)
         if len(losses) == 1:
@@ -215,11 +217,13 @@ def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> 
         x = _tensor(batch["x"][rank * n : (rank + 1) * n])
         y = _tensor(batch["y"][rank * n : (rank + 1) * n])
         t0 = time.perf_counter()
-        _set_lr(opt, lr)
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            _set_lr(opt, lr)
+            opt.zero_grad(set_to_none=True)
         loss = criterion(ddp(x), y)
         loss.backward()  # DDP averages the gradients over the ranks here
-        opt.step()
+        if opt is not None:
+            opt.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         times.append(time.perf_counter() - t0)
@@ -259,12 +263,17 @@ def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) ->
     # scale_grads: PyTorch sums the microbatches' gradients and then divides by their
     # number, so the step takes the full batch's mean gradient, as refdl's does.
     sched = cls(stage, n_microbatches=microbatches, loss_fn=loss_fn(plan.loss), scale_grads=True)
-    opt = make_optimizer(plan.optimizer, _trainable(module), plan.momentum, plan.weight_decay)
+    # A stage without parameters (e.g. a lone Flatten) has nothing to update.
+    params = _trainable(module)
+    opt = None
+    if params:
+        opt = make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay)
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
         t0 = time.perf_counter()
-        _set_lr(opt, lr)
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            _set_lr(opt, lr)
+            opt.zero_grad(set_to_none=True)
         if rank == 0:
             sched.step(_tensor(batch["x"]))
         elif rank == world - 1:
@@ -273,7 +282,8 @@ def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) ->
             losses.append(float(torch.stack([v.detach() for v in mb_losses]).mean()))
         else:
             sched.step()
-        opt.step()
+        if opt is not None:
+            opt.step()
         times.append(time.perf_counter() - t0)
         if len(times) == 1:
             first = export(module)
