@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from refdl.adapters.children import free_ports, wait_all
 from refdl.adapters.exchange import Flat, read_job, write_result
 from refdl.adapters.mxnet.models import build, export
 
@@ -96,16 +96,11 @@ def train_local(job: dict[str, Any], params: Flat, batches: list[dict], contexts
 # -- dist_sync / dist_async: processes on loopback ---------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train_dist(folder: Path, job: dict[str, Any]) -> None:
     """Start a scheduler, one server and ``job['workers']`` workers; wait; gather results."""
     w = job["workers"]
-    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(_free_port()),
+    (port,) = free_ports(1)
+    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": str(w)}  # fmt: skip
     roles = [("scheduler", 0), ("server", 0)] + [("worker", i) for i in range(w)]
     procs, logs = [], []
@@ -115,20 +110,7 @@ def train_dist(folder: Path, job: dict[str, Any]) -> None:
         procs.append(subprocess.Popen(cmd, env={**env, "DMLC_ROLE": role}, stdout=log.open("w"),
                                       stderr=subprocess.STDOUT))  # fmt: skip
         logs.append(log)
-    deadline = time.monotonic() + job["timeout"]
-    try:
-        for proc, log in zip(procs, logs, strict=True):
-            rc = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            if rc != 0:
-                lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-                raise RuntimeError(f"{log.stem} exited {rc}: {lines[-1] if lines else ''}")
-    except subprocess.TimeoutExpired:
-        limit = job["timeout"]
-        raise RuntimeError(f"MXNet processes did not finish within {limit:.0f} s") from None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    wait_all(procs, logs, job["timeout"], "MXNet")
     parts = [json.loads((folder / f"worker-{i}.json").read_text()) for i in range(w)]
     with np.load(folder / "worker-0.npz") as f:
         final = {k: f[k] for k in f.files}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from refdl.adapters.children import free_ports, wait_all
 from refdl.adapters.exchange import Flat
 
 
@@ -196,17 +196,6 @@ def train_mirrored(job: dict[str, Any], params: Flat, batches: list[dict],
 # -- processes on loopback --------------------------------------------------------------------
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` TCP ports free on loopback now (bound, read, released)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def spawn(folder: Path, role: str, index: int, tf_config: dict, log: Path) -> subprocess.Popen:
     """A process of this adapter in ``role`` with ``TF_CONFIG`` set (output to ``log``)."""
     env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "GRPC_FAIL_FAST": "use_caller"}
@@ -214,24 +203,6 @@ def spawn(folder: Path, role: str, index: int, tf_config: dict, log: Path) -> su
         [sys.executable, "-m", "refdl.adapters.tensorflow", str(folder), role, str(index)],
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-
-
-def wait_all(procs: list[subprocess.Popen], timeout: float, logs: list[Path]) -> None:
-    """Wait for every process; any failure (or the timeout) stops the others and raises
-    with the failing process's last line."""
-    deadline = time.monotonic() + timeout
-    try:
-        for proc, log in zip(procs, logs, strict=True):
-            rc = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            if rc != 0:
-                lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-                raise RuntimeError(f"{log.stem} exited {rc}: {lines[-1] if lines else ''}")
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"TensorFlow processes did not finish within {timeout:.0f} s") from None
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def train_multiworker(folder: Path, job: dict[str, Any]) -> None:
@@ -242,7 +213,7 @@ def train_multiworker(folder: Path, job: dict[str, Any]) -> None:
     procs = [spawn(folder, "mwms", i, {"cluster": {"worker": addrs},
                                        "task": {"type": "worker", "index": i}}, logs[i])
              for i in range(n)]  # fmt: skip
-    wait_all(procs, job["timeout"], logs)
+    wait_all(procs, logs, job["timeout"], "TensorFlow")
 
 
 def multiworker_process(folder: Path, index: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from refdl.adapters.children import free_ports
 from refdl.adapters.torch.models import NATIVE_DDP_REFUSED, Flat, ModelPlan, export, require
 from refdl.errors import UsageError
 
@@ -137,19 +137,13 @@ def _set_lr(opt: Any, lr: float) -> None:
         group["lr"] = lr
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn: Callable, world: int, plan: TrainPlan, extra: Any, timeout: float) -> list[Path]:
     """Run ``fn(rank, world, port, plan, extra, out_dir)`` in ``world`` spawned processes
     (gloo over TCP on localhost); returns the per-rank result files. A worker that
     fails or hangs past ``timeout`` seconds stops them all with its error."""
     import torch.multiprocessing as mp
 
-    port = _free_port()
+    port = free_ports(1)[0]
     tmp = Path(tempfile.mkdtemp(prefix="refdl-torch-"))
     ctx = mp.start_processes(
         _worker, args=(fn, world, port, plan, extra, str(tmp)), nprocs=world, join=False,
