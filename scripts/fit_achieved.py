@@ -1,17 +1,18 @@
 """Fit the profiles' achieved figures to the calibration part of the published data set.
 
 Reads ``docs/published/measurements.toml``, keeps the calibration part only, and
-writes an ``[achieved]`` block at the end of each GPU profile (replacing one that is
-there):
+writes an ``[achieved]`` block at the end of each GPU profile and each network described
+alone (replacing one that is there):
 
 - per device (every profile with that device name) and op class / dtype, the
   fraction of peak FLOP/s ResNet-50-like calibration steps achieved, and per
   convolutional architecture its factor relative to ResNet-50 (``fit_steps``;
   the factors go to ``src/refdl/perf/architectures.toml``);
-- per profile, library and link the latency and fraction of line rate that fit the
-  calibration collectives (``fit_links``); a profile or link with no calibration
-  collective takes the median of the fitted ones of its kind (NVLink or PCIe inside
-  a node, network between nodes), said in its source;
+- per profile, library (``nccl``, ``mpi``, ``gloo``) and link the latency and fraction
+  of line rate that fit the calibration collectives (``fit_links``); a profile or link
+  with no calibration collective of that library takes the median of the library's
+  fitted links of its kind (NVLink or PCIe inside a node, network between nodes), said
+  in its source (no NCCL figures for a network without GPUs);
 - memory: 0.9 of the datasheet bandwidth (a device-to-device copy on the lent H100
   moved 3.0 of 3.35 TB/s, ``/work/.library/device/KINDS.md``, 2026-11-13).
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from refdl import hw
 from refdl.bench.published import DATA, REFERENCE_MODEL, fit_links, fit_steps, load
+from refdl.hw.profile import LIBRARIES
 from refdl.perf import architectures
 
 PROFILES = Path(__file__).resolve().parents[1] / "src" / "refdl" / "hw" / "profiles"
@@ -44,44 +46,59 @@ def _kind(profile, level: str) -> str:
     return "nvlink" if "nvlink" in text and "pcie" not in profile.name else "pcie"
 
 
+def default_library(p, links: dict) -> str:
+    """The library a profile's predictions assume: the one its calibration collectives
+    ran (most points), else NCCL on a GPU machine and MPI on a network described alone."""
+    mine = {lib: v["points"] for (name, lib, _), v in links.items() if name == p.name}
+    if mine:
+        return max(sorted(mine), key=mine.get)
+    return "mpi" if p.device is None else "nccl"
+
+
 def block(name: str, devices: dict, links: dict, medians: dict, today: str) -> str:
     p = hw.load(name)
-    lines = ["[achieved]", 'library = "nccl"', "", "[achieved.device]"]
-    by_class: dict[str, dict[str, float]] = {}
-    used = []
-    for (dev, cls, dtype), v in devices.items():
-        if dev == p.device.name:
-            by_class.setdefault(cls, {})[dtype] = round(v["fraction"], 4)
-            used.append(f"{cls}/{dtype} from {v['points']} points ({', '.join(v['sources'])})")
-    for cls, table in sorted(by_class.items()):
-        lines.append(f"{cls} = {{ " + ", ".join(f"{k} = {x}" for k, x in table.items()) + " }")
-    none = "none on this device: peaks (no fraction) until a calibration point exists"
-    src = (
-        "fraction of peak FLOP/s achieved by the calibration part's single-device steps "
-        f"(scripts/fit_achieved.py, {today}): " + ("; ".join(used) if used else none)
-    )
-    lines += [f"memory = {MEMORY}", f'source = "{src}; memory 0.9 of datasheet '
-              '(D2D copy 3.0 of 3.35 TB/s on the lent H100, 2026-11-13)"']  # fmt: skip
-    for level in p.links:
-        key = (name, "nccl", level)
-        if key in links:
-            v = links[key]
-            src = (f"fitted to {v['points']} calibration collectives ({', '.join(v['sources'])}) "
-                   f"by scripts/fit_achieved.py, {today}")  # fmt: skip
-            lat, frac = v["latency_s"], v["fraction"]
-        else:
-            kind = _kind(p, level)
-            if kind not in medians:
-                continue
-            lat = max(medians[kind]["latency_s"], p.links[level].latency_s)
-            frac = medians[kind]["fraction"]
-            names = medians[kind]["names"]
-            src = (
-                f"no calibration collective on this link: the median of the fitted {kind} "
-                f"links ({names}), scripts/fit_achieved.py, {today}"
-            )
-        lines += ["", f"[achieved.nccl.{level}]", f"latency_s = {lat:.4g}",
-                  f"fraction = {frac:.4g}", f'source = "{src}"']  # fmt: skip
+    lines = ["[achieved]", f'library = "{default_library(p, links)}"']
+    if p.device is not None:
+        lines += ["", "[achieved.device]"]
+        by_class: dict[str, dict[str, float]] = {}
+        used = []
+        for (dev, cls, dtype), v in devices.items():
+            if dev == p.device.name:
+                by_class.setdefault(cls, {})[dtype] = round(v["fraction"], 4)
+                used.append(f"{cls}/{dtype} from {v['points']} points ({', '.join(v['sources'])})")
+        for cls, table in sorted(by_class.items()):
+            lines.append(f"{cls} = {{ " + ", ".join(f"{k} = {x}" for k, x in table.items()) + " }")
+        none = "none on this device: peaks (no fraction) until a calibration point exists"
+        src = (
+            "fraction of peak FLOP/s achieved by the calibration part's single-device steps "
+            f"(scripts/fit_achieved.py, {today}): " + ("; ".join(used) if used else none)
+        )
+        lines += [f"memory = {MEMORY}", f'source = "{src}; memory 0.9 of datasheet '
+                  '(D2D copy 3.0 of 3.35 TB/s on the lent H100, 2026-11-13)"']  # fmt: skip
+    for lib in LIBRARIES:
+        if lib == "nccl" and p.device is None:  # NCCL runs between GPUs
+            continue
+        for level in p.links:
+            key = (name, lib, level)
+            if key in links:
+                v = links[key]
+                used = ", ".join(v["sources"])
+                src = (f"fitted to {v['points']} calibration collectives ({used}) "
+                       f"by scripts/fit_achieved.py, {today}")  # fmt: skip
+                lat, frac = v["latency_s"], v["fraction"]
+            else:
+                kind = _kind(p, level)
+                if (lib, kind) not in medians:
+                    continue
+                m = medians[(lib, kind)]
+                lat = max(m["latency_s"], p.links[level].latency_s)
+                frac = m["fraction"]
+                src = (
+                    f"no {lib} calibration collective on this link: the median of the fitted "
+                    f"{kind} links ({m['names']}), scripts/fit_achieved.py, {today}"
+                )
+            lines += ["", f"[achieved.{lib}.{level}]", f"latency_s = {lat:.4g}",
+                      f"fraction = {frac:.4g}", f'source = "{src}"']  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -112,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     architectures.FILE.write_text("\n".join(lines) + "\n")
     links = fit_links(points)
     medians = {}
-    for (name, _lib, level), v in links.items():
-        medians.setdefault(_kind(hw.load(name), level), []).append((name, v))
+    for (name, lib, level), v in links.items():
+        medians.setdefault((lib, _kind(hw.load(name), level)), []).append((name, v))
     medians = {
         k: {"latency_s": median(v["latency_s"] for _, v in vs),
             "fraction": median(v["fraction"] for _, v in vs),

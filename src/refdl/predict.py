@@ -76,6 +76,7 @@ def predict_steps(
     ``step_time_no_overlap_s`` / ``step_time_full_overlap_s`` are the expectation's two
     overlap extremes."""
     profile = hw.load(hw_name)
+    profile.need_device()  # a network described alone predicts no step
     formula = COSTS.get(strategy)
     for flag, value, kind in (("--scaling", scaling, Choice(("strong", "weak"))),
                               ("--batch-size", batch_size, Int(min=1, max=10**9))):  # fmt: skip

@@ -85,6 +85,39 @@ def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation(
     assert v["step_time_s"] / v["bound_step_time_s"] < r["step_time_s"] / r["bound_step_time_s"]
 
 
+def test_mpi_and_gloo_figures_are_the_calibration_fit_and_predict_held_out_points():
+    """Per library: the fitted links come from calibration sources only and are what the
+    profiles carry; a network without its own fit takes the library's median; a held-out
+    MPI or gloo collective is predicted within 25 %."""
+    points, split = P.load()
+    links = P.fit_links(points)
+    fitted = {k: v for k, v in links.items() if k[1] in ("mpi", "gloo")}
+    assert {k[1] for k in fitted} == {"mpi", "gloo"}
+    for (name, lib, level), v in fitted.items():
+        assert set(v["sources"]) <= set(split["calibration"])
+        got = hw.load(name).achieved.links[lib][level]
+        assert got.fraction == pytest.approx(v["fraction"], rel=1e-3)
+        assert got.latency_s == pytest.approx(v["latency_s"], rel=1e-3)
+    oci = hw.load("oci-roce100")  # held out: no fit of its own
+    assert oci.device is None and oci.default_library() == "mpi"
+    assert "median" in oci.achieved.links["mpi"]["inter"].source
+    assert "nccl" not in oci.achieved.links  # NCCL runs between GPUs
+    # a GPU cluster's MPI between nodes: slower than its NCCL, from the MPI fits
+    nccl = predict_collective("p100-nvlink-ib-edr", "allreduce", "ring", 1 << 26, [16])[0]
+    mpi = predict_collective("p100-nvlink-ib-edr", "allreduce", "ring", 1 << 26, [16],
+                             library="mpi")[0]  # fmt: skip
+    assert mpi["library"] == "mpi" and mpi["time_s"] > nccl["time_s"]
+    rows = P.evaluate([p for p in points if p.library in ("mpi", "gloo")])
+    held = [r for r in rows if r["part"] == "heldout" and "error" in r]
+    assert len(held) >= 10 and {r["source"] for r in held} == {
+        "oci-mpi-benchmarks",
+        "tc-cluster-gloo-aws",
+    }
+    assert max(abs(r["error"]) for r in held) <= 0.25
+    with pytest.raises(UsageError, match=r"oci-roce100 has no \[device\]"):
+        predict_steps("oci-roce100", "single", "mlp", 64, [1])
+
+
 def test_bad_achieved_tables_name_the_key(tmp_path):
     text = (ROOT / "src/refdl/hw/profiles/h100-nvlink.toml").read_text()
     bad = text.replace("[achieved.nccl.intra]\nlatency_s", "[achieved.nccl.intra]\nlatency_x")

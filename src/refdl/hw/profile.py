@@ -108,12 +108,14 @@ class Achieved:
 
 @dataclasses.dataclass(frozen=True)
 class HardwareProfile:
-    """A machine: its device, its links, and how many devices share a node."""
+    """A machine: its device, its links, and how many devices share a node. A profile
+    without ``[device]`` describes a network alone (a published MPI or gloo benchmark's
+    cluster): it predicts collectives, not steps."""
 
     name: str
     description: str
     devices_per_node: int
-    device: DeviceSpec
+    device: DeviceSpec | None
     links: dict[str, LinkSpec]
     achieved: Achieved | None = None
 
@@ -121,11 +123,20 @@ class HardwareProfile:
         """The communication library predictions assume unless told (``--library``)."""
         return self.achieved.library if self.achieved else "nccl"
 
+    def need_device(self) -> DeviceSpec:
+        """The device, or a usage error naming a profile that describes a network alone."""
+        if self.device is None:
+            raise UsageError(
+                f"hardware profile {self.name} has no [device] (it describes a network "
+                "alone): it predicts collectives, not steps; pick a profile with a device"
+            )
+        return self.device
+
     def dtype_for(self, precision: str) -> str:
         """The peak a precision runs at: fp32 at TF32's where the card has one (cuDNN's and
         cuBLAS's default for fp32 convolutions and matrix products on such cards, and
         JAX's default precision)."""
-        if precision == "fp32" and "tf32" in self.device.peak_flops:
+        if precision == "fp32" and "tf32" in self.need_device().peak_flops:
             return "tf32"
         return PRECISIONS.get(precision, "float32")
 
@@ -156,25 +167,29 @@ class HardwareProfile:
             raise UsageError(
                 f"unknown --library {library!r}; choose one of: {', '.join(LIBRARIES)}"
             )
-        d = self.device
-        dtype = self.dtype_for(precision)
-        peak = d.peak_flops.get(dtype, d.peak_flops["float32"])
-        bw = d.memory_bandwidth * (2.0 if precision in ("bf16", "fp16") else 1.0)
         links = dict(self.links)
         if kind == "bound":
-            bw = math.inf  # XLA counts every operation's bytes before fusion: no bound
             links = {k: dataclasses.replace(v, achievable=1.0) for k, v in links.items()}
-            if op_class == "conv":  # Winograd F(2x2,3x3): 2.25x fewer multiplications
-                peak *= WINOGRAD
         a = self.achieved if kind == "expected" else None
-        if a is not None:  # the fractions were fitted to whole steps: memory-bound work
-            peak *= a.fraction(op_class, dtype) * architecture  # is inside them, and XLA's
-            bw = math.inf  # byte count, taken before fusion, is no estimate of traffic
+        if a is not None:
             for level, got in a.links.get(library, {}).items():
                 if level in links:
                     links[level] = dataclasses.replace(
                         links[level], latency_s=got.latency_s, achievable=got.fraction
                     )
+        d = self.device
+        if d is None:  # a network alone: only its links have a view
+            return dataclasses.replace(self, links=links)
+        dtype = self.dtype_for(precision)
+        peak = d.peak_flops.get(dtype, d.peak_flops["float32"])
+        bw = d.memory_bandwidth * (2.0 if precision in ("bf16", "fp16") else 1.0)
+        if kind == "bound":
+            bw = math.inf  # XLA counts every operation's bytes before fusion: no bound
+            if op_class == "conv":  # Winograd F(2x2,3x3): 2.25x fewer multiplications
+                peak *= WINOGRAD
+        if a is not None:  # the fractions were fitted to whole steps: memory-bound work
+            peak *= a.fraction(op_class, dtype) * architecture  # is inside them, and XLA's
+            bw = math.inf  # byte count, taken before fusion, is no estimate of traffic
         flops = {**d.peak_flops, "float32": peak}
         device = dataclasses.replace(d, peak_flops=flops, memory_bandwidth=bw)
         return dataclasses.replace(self, device=device, links=links)
@@ -182,11 +197,11 @@ class HardwareProfile:
     @property
     def peak_flops(self) -> float:
         """float32 peak FLOP/s (the dtype refdl trains in)."""
-        return self.device.peak_flops["float32"]
+        return self.need_device().peak_flops["float32"]
 
     @property
     def memory_bandwidth(self) -> float:
-        return self.device.memory_bandwidth
+        return self.need_device().memory_bandwidth
 
     def allreduce_time(self, n: float, workers: int, algo: str = "ring",
                        level: str | None = None) -> float:  # fmt: skip
@@ -291,17 +306,19 @@ def _text(raw: dict, key: str, where: str, path: str) -> str:
     return value
 
 
-def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
-    """Validate a profile's TOML contents."""
-    dev = raw.get("device")
+TOP_LEVEL = ("name", "description", "devices_per_node", "device", "links", "achieved")
+
+
+def _device(dev: Any, path: str) -> DeviceSpec:
+    """``[device]``: peaks, memory, and the calibrated operation rates where measured."""
     if not isinstance(dev, dict):
-        raise UsageError(f"hardware profile {path}: table [device] is missing")
+        raise UsageError(f"hardware profile {path}: [device] must be a table")
     flops = dev.get("peak_flops")
     if not isinstance(flops, dict) or "float32" not in flops:
         raise UsageError(
             f"hardware profile {path}: key device.peak_flops must be a table with float32"
         )
-    device = DeviceSpec(
+    return DeviceSpec(
         name=_text(dev, "name", "device.", path),
         peak_flops={k: _positive(flops, k, "device.peak_flops.", path) for k in flops},
         memory_bandwidth=_positive(dev, "memory_bandwidth", "device.", path),
@@ -313,6 +330,17 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         in_step=_in_step(dev, path),
         ops=_op_rates(dev, path),
     )
+
+
+def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
+    """Validate a profile's TOML contents."""
+    unknown = sorted(set(raw) - set(TOP_LEVEL))
+    if unknown:
+        raise UsageError(
+            f"hardware profile {path}: key {unknown[0]} is not one of {', '.join(TOP_LEVEL)}"
+        )
+    dev = raw.get("device")
+    device = None if dev is None else _device(dev, path)  # None: a network described alone
     links_raw = raw.get("links")
     if not isinstance(links_raw, dict) or not links_raw:
         raise UsageError(f"hardware profile {path}: table [links.intra] or [links.inter] missing")
@@ -458,28 +486,23 @@ def _read(path: Path) -> str:
         raise UsageError(f"hardware profile {path}: cannot read ({e.strerror or e})") from None
 
 
-def dumps(profile: HardwareProfile) -> str:
-    """The profile as TOML (``parse(tomllib.loads(dumps(p))) == p``)."""
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
+    return repr(v)
 
-    def value(v: Any) -> str:
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        return repr(v)
 
-    d = profile.device
+def _dump_device(d: DeviceSpec) -> list[str]:
     lines = [
-        f"name = {value(profile.name)}",
-        f"description = {value(profile.description)}",
-        f"devices_per_node = {profile.devices_per_node}",
         "",
         "[device]",
-        f"name = {value(d.name)}",
-        f"peak_flops = {value(d.peak_flops)}",
+        f"name = {_value(d.name)}",
+        f"peak_flops = {_value(d.peak_flops)}",
         f"memory_bandwidth = {d.memory_bandwidth!r}",
         f"memory_bytes = {d.memory_bytes!r}",
-        f"source = {value(d.source)}",
+        f"source = {_value(d.source)}",
     ]
     for key in ("dispatch_s", "op_overhead_s"):
         if getattr(d, key):
@@ -488,29 +511,38 @@ def dumps(profile: HardwareProfile) -> str:
         lines.append("shared_cores = true")
     if d.in_step is not None:
         lines += ["", "[device.in_step]"]
-        lines += [f"{f.name} = {value(getattr(d.in_step, f.name))}"
+        lines += [f"{f.name} = {_value(getattr(d.in_step, f.name))}"
                   for f in dataclasses.fields(d.in_step)]  # fmt: skip
     for kind, rate in d.ops.items():
         lines += ["", f"[device.ops.{kind}]"]
-        lines += [
-            f"t0_s = {rate.t0_s!r}",
-            f"rate = {rate.rate!r}",
-            f"source = {value(rate.source)}",
-        ]
+        lines += [f"t0_s = {rate.t0_s!r}", f"rate = {rate.rate!r}",
+                  f"source = {_value(rate.source)}"]  # fmt: skip
+    return lines
+
+
+def dumps(profile: HardwareProfile) -> str:
+    """The profile as TOML (``parse(tomllib.loads(dumps(p))) == p``)."""
+    lines = [
+        f"name = {_value(profile.name)}",
+        f"description = {_value(profile.description)}",
+        f"devices_per_node = {profile.devices_per_node}",
+    ]
+    if profile.device is not None:
+        lines += _dump_device(profile.device)
     for name, lk in profile.links.items():
         lines += ["", f"[links.{name}]"]
-        lines += [f"{f.name} = {value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)
+        lines += [f"{f.name} = {_value(getattr(lk, f.name))}" for f in dataclasses.fields(lk)
                   if f.name != "nics_per_node" or lk.nics_per_node != 1]  # fmt: skip
     a = profile.achieved
     if a is not None:
-        lines += ["", "[achieved]", f"library = {value(a.library)}"]
+        lines += ["", "[achieved]", f"library = {_value(a.library)}"]
         if a.device_source:
             lines += ["", "[achieved.device]"]
-            lines += [f"{cls} = {value(t)}" for cls, t in a.fractions.items() if t]
-            lines += [f"memory = {a.memory!r}", f"source = {value(a.device_source)}"]
+            lines += [f"{cls} = {_value(t)}" for cls, t in a.fractions.items() if t]
+            lines += [f"memory = {a.memory!r}", f"source = {_value(a.device_source)}"]
         for lib, levels in a.links.items():
             for level, got in levels.items():
                 lines += ["", f"[achieved.{lib}.{level}]"]
-                lines += [f"{f.name} = {value(getattr(got, f.name))}"
+                lines += [f"{f.name} = {_value(getattr(got, f.name))}"
                           for f in dataclasses.fields(got)]  # fmt: skip
     return "\n".join(lines) + "\n"
