@@ -65,7 +65,7 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     with traced_ops({op.name for op in ops}) as durations:
         state, profiled = step_times(run_, state, WARMUP + steps, steps)
 
-    rates = prof.device.ops or {}
+    rates = prof.need_device().ops or {}
     in_step = (prof.device.in_step if rates else None) or InStep()
     # each operation's own time (the in-step factors, no hand-off): what the profiler times;
     # the hand-offs are set beside the gap between operations instead

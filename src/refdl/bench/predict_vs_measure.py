@@ -183,7 +183,7 @@ def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dic
                 print(f"round {r + 1}/{rounds}: calibrating", file=sys.stderr)
                 profile = recalibrated(tmp, r)
                 ref = probe()
-                in_step.append(dataclasses.asdict(hw.load(profile).device.in_step))
+                in_step.append(dataclasses.asdict(hw.load(profile).need_device().in_step))
             for model, strategy, devices, kw in configs:
                 print(f"round {r + 1}/{rounds}: {model} {strategy} x{devices}", file=sys.stderr)
                 measure(
