@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import functools
 import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -55,17 +55,6 @@ def _subjaxprs(eqn):
                 yield x
 
 
-def _time(fn, reps: int) -> float:
-    fn()
-    best = math.inf
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t) / reps)
-    return best
-
-
 def _operands(b: int, m: int, k: int, n: int):
     import numpy as np
 
@@ -84,7 +73,7 @@ def time_xla(b: int, m: int, k: int, n: int) -> float:
         f = jax.jit(lambda x, y: x[0] @ y[0])
     else:
         f = jax.jit(lambda x, y: jnp.einsum("bmk,bkn->bmn", x, y))
-    return _time(lambda: f(a, c).block_until_ready(), _reps(b, m, k, n))
+    return _per_call(lambda: f(a, c).block_until_ready(), _reps(b, m, k, n))
 
 
 def time_torch(b: int, m: int, k: int, n: int) -> float:
@@ -96,7 +85,14 @@ def time_torch(b: int, m: int, k: int, n: int) -> float:
         a, c, op = a[0], c[0], torch.mm
     else:
         op = torch.bmm
-    return _time(lambda: op(a, c), _reps(b, m, k, n))
+    return _per_call(lambda: op(a, c), _reps(b, m, k, n))
+
+
+def _per_call(fn, reps: int) -> float:
+    """Seconds per call: the best of three loops of ``reps`` calls (``timing.best``)."""
+    from refdl.hw.calibrate.timing import best
+
+    return best(lambda: [fn() for _ in range(reps)], repeats=3) / reps
 
 
 def _reps(b: int, m: int, k: int, n: int) -> int:
@@ -135,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         run = build(RunSpec(strategy="single", model=model, batch_size=args.batch_size,
                             progress=False))  # fmt: skip
         state = run.strategy.init_state(0)
-        closed = jax.make_jaxpr(run.strategy._step)(state, run.batch(0))
+        step = functools.partial(run.task.step, microbatches=run.plan.microbatches)
+        closed = jax.make_jaxpr(step)(state, run.batch(0))
         # Whole steps first: refdl here, PyTorch in a process of its own (bench compare's
         # way), before this process has run any PyTorch product.
         warm = 5
