@@ -114,6 +114,8 @@ def test_mpi_and_gloo_figures_are_the_calibration_fit_and_predict_held_out_point
         "tc-cluster-gloo-aws",
     }
     assert max(abs(r["error"]) for r in held) <= 0.25
+    many = [r for r in rows if r["source"] == "oci-mpi-benchmarks" and r["model"] == "allreduce"]
+    assert many and all("36 ranks share each node" in r["skipped"] for r in many)
     with pytest.raises(UsageError, match=r"oci-roce100 has no \[device\]"):
         predict_steps("oci-roce100", "single", "mlp", 64, [1])
 

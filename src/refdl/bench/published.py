@@ -64,6 +64,7 @@ class Point:
     precision: str | None = None
     batch: int | None = None
     where: str = ""
+    not_predicted: str = ""  # the data set's own reason, where refdl models no such run
 
 
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
@@ -98,6 +99,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 precision=p.get("precision"),
                 batch=p.get("batch_per_worker"),
                 where=p.get("where", ""),
+                not_predicted=p.get("not_predicted", ""),
             )
         )
     return points, raw.get("split", {})
@@ -185,6 +187,8 @@ def efficiencies(p: Point, base_workers: int) -> dict[str, float]:
 
 def _skip(p: Point) -> str | None:
     """Why a point cannot be predicted, or None."""
+    if p.not_predicted:
+        return p.not_predicted
     if not p.hw:
         return "no refdl profile for this machine"
     if p.kind == "collective" and p.op not in OPS:
