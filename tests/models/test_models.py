@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import re
+
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from refdl.config.spec import RunSpec
 from refdl.core.losses import cross_entropy
 from refdl.data import DataInfo
 from refdl.errors import UsageError
 from refdl.models import MODELS
+from refdl.run.build import build
 
 IMAGE = DataInfo("img", "image", (8, 8, 1), "float32", 10, 100, 10)
 TOKENS = DataInfo("tok", "tokens", (12,), "int32", 30, 100, 10)
@@ -85,3 +92,51 @@ def test_model_errors():
         UsageError, match=r"--model-opt depth='deep': must be an integer in \[8, 1000\]"
     ):
         MODELS.get("resnet").make(IMAGE, {"depth": "deep"})
+
+
+def _ynn_reductions(hlo: str) -> int:
+    """YNNPACK fusions of a reduction (``reduce_sum``/``reduce_max``) in a compiled program."""
+    return len(re.findall(r'%ynn_fusion\S* = [^\n]*op_name="[^"]*reduce_(?:sum|max)', hlo))
+
+
+def test_transformer_compiles_without_ynn_reductions_on_cpu_and_trains_the_same():
+    """The transformer's CPU option (docs/speed.md) reaches the strategy's compiled step,
+    changes which kernels run, and leaves the trained parameters equal to fp32 reassociation."""
+    # SGD: Adam's m / sqrt(v) would turn a last-bit difference of a near-zero gradient into
+    # a visible step, hiding what the option changes behind what the optimizer amplifies.
+    spec = RunSpec(strategy="single", model="transformer", batch_size=16, optimizer="sgd",
+                   progress=False)  # fmt: skip
+    run = build(spec)
+    assert run.task.compiler_options("cpu") == {
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,"
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+    }
+    assert run.task.compiler_options("gpu") is None
+    lenet = build(RunSpec(strategy="single", model="lenet5", batch_size=16, progress=False))
+    assert lenet.task.compiler_options("cpu") is None
+
+    state, batch = run.strategy.init_state(0), run.batch(0)
+    plain = jax.jit(functools.partial(run.task.step, microbatches=1))
+    assert _ynn_reductions(plain.lower(state, batch).compile().as_text()) > 0
+    assert _ynn_reductions(run.strategy.compiled(state, batch).as_text()) == 0
+
+    a, b = state, jax.device_put(jax.tree.map(np.asarray, state))
+    for step in range(3):
+        a, la = run.strategy.train_step(a, run.batch(step))
+        b, lb = plain(b, run.batch(step))
+        np.testing.assert_allclose(la["loss"], lb["loss"], rtol=1e-6)
+    chex.assert_trees_all_close(a.params, b.params, rtol=1e-5, atol=1e-6)
+
+
+def test_an_option_this_xla_does_not_know_is_dropped_not_an_error():
+    task = dataclasses.replace(
+        build(RunSpec(strategy="single", model="mlp", batch_size=16, progress=False)).task,
+        cpu_compiler_options=(
+            ("xla_cpu_no_such_option", "1"),
+            ("xla_cpu_enable_fast_math", "no"),  # not a bool to XLA
+            ("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_DOT"),
+        ),
+    )
+    assert task.compiler_options("cpu") == {
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"
+    }

@@ -65,11 +65,13 @@ def make_optimizer_for(spec: RunSpec, updates_per_step: int = 1) -> tuple[Any, A
 def make_task(spec: RunSpec, dataset: Dataset) -> Task:
     """The model, loss and optimizer of a resolved ``spec`` on ``dataset``, as a Task."""
     LOSSES.get(spec.loss)
-    model = MODELS.get(spec.model).make(dataset.info, dict(spec.model_opts))
+    model_def = MODELS.get(spec.model)
+    model = model_def.make(dataset.info, dict(spec.model_opts))
     optimizer, base = make_optimizer_for(spec)
     sample = dataset.train_batch(np.arange(1))["x"]
     axes = model.logical_axes(jnp.asarray(sample))
-    return Task(model, spec.loss, optimizer, sample, axes, schedule=base, init=spec.init)
+    return Task(model, spec.loss, optimizer, sample, axes, schedule=base, init=spec.init,
+                cpu_compiler_options=model_def.cpu_compiler_options)  # fmt: skip
 
 
 def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:

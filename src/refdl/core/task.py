@@ -8,6 +8,7 @@ communication, which is what makes the strategies comparable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -24,6 +25,18 @@ PyTree = Any
 Batch = dict[str, Any]
 
 
+@functools.cache
+def _accepted(option: str, value: str) -> bool:
+    """Whether this jaxlib's CPU compiler takes ``option=value`` (options are speed only:
+    one a newer XLA renamed is dropped, not an error)."""
+    try:
+        cpu = jax.local_devices(backend="cpu")[0]
+        jax.jit(lambda x: x + 1, compiler_options={option: value})(jax.device_put(0.0, cpu))
+    except Exception:  # XLA's INVALID_ARGUMENT: No such compile option / bad value
+        return False
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """What to train: ``model`` on ``loss`` with ``optimizer``; ``sample_x`` fixes input shapes."""
@@ -35,6 +48,14 @@ class Task:
     logical_axes: PyTree = None
     schedule: Any = None  # the learning rate by step (for the logs), when known
     init: str = "lecun_normal"  # refdl.core.init: refdl's draws or a framework's default
+    cpu_compiler_options: tuple[tuple[str, str], ...] = ()  # the model's (ModelDef)
+
+    def compiler_options(self, platform: str) -> dict[str, str] | None:
+        """The XLA options this task's programs compile with on ``platform``: the model's
+        CPU options on a CPU, none elsewhere (``jax.jit(..., compiler_options=...)``)."""
+        if platform == "cpu" and self.cpu_compiler_options:
+            return {k: v for k, v in self.cpu_compiler_options if _accepted(k, v)} or None
+        return None
 
     def init_state(self, seed: int) -> TrainState:
         """The initial state from ``seed`` (deterministic, on the default device)."""

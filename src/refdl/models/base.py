@@ -21,7 +21,9 @@ class ModelDef:
     ``Option`` declaring its default, type and range (``--model-opt KEY=VALUE``,
     checked before the model is built); ``data_kind`` is ``"image"`` or
     ``"tokens"``; ``defaults`` are the recipe settings it trains well with
-    (optimizer, lr, data set), used where the user did not set them.
+    (optimizer, lr, data set), used where the user did not set them;
+    ``cpu_compiler_options`` are XLA:CPU options its programs compile with, where one
+    measured faster for this model and slower for others (docs/speed.md).
     """
 
     name: str
@@ -30,6 +32,7 @@ class ModelDef:
     options: dict[str, Option]
     defaults: dict[str, Any]
     doc: str = ""
+    cpu_compiler_options: tuple[tuple[str, str], ...] = ()
 
     def defaults_of_options(self) -> dict[str, Any]:
         """Each option's default value."""

@@ -14,6 +14,10 @@ from refdl.core.layers import (
 from refdl.errors import UsageError
 from refdl.models.base import ModelDef, register
 
+_YNN_WITHOUT_REDUCE = ",".join(
+    f"LIBRARY_FUSION_TYPE_{t}" for t in ("DOT", "INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION")
+)
+
 
 def build(
     info, d_model: int = 128, heads: int = 4, layers: int = 2, mlp_dim: int = 512
@@ -40,5 +44,8 @@ TRANSFORMER = register(
         },
         defaults={"optimizer": "adam", "lr": 0.003, "dataset": "pytext"},
         doc="small decoder-only Transformer LM",
+        # YNNPACK's reduction fusions cost this model 20-27 % of its CPU step (softmax,
+        # LayerNorm and GELU between products); they help ResNet's, so only here (docs/speed.md).
+        cpu_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", _YNN_WITHOUT_REDUCE),),
     )
 )

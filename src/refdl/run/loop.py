@@ -156,7 +156,9 @@ class _Loop:
         self.history: dict[str, Any] = {"loss": [], "step_time_s": []}
         self.pending: list[tuple[int, dict[str, Any]]] = []  # steps whose loss is unread
         self.last_eval: dict[str, float] = {}
-        self.eval_fn = jax.jit(run.task.eval_sums)
+        self.eval_fn = jax.jit(
+            run.task.eval_sums, compiler_options=run.task.compiler_options(jax.default_backend())
+        )
         self.ckpt_dir = out / "checkpoints"
 
     def _sync_at(self, done: int) -> bool:

@@ -117,6 +117,12 @@ class Strategy:
 
     # -- shared helpers -----------------------------------------------------------------------
 
+    def jit(self, fn: Callable, **kwargs: Any) -> Any:
+        """``jax.jit`` of a program that runs the model, compiled with the task's options for
+        these devices' platform (``Task.compiler_options``)."""
+        options = self.task.compiler_options(self.devices[0].platform)
+        return jax.jit(fn, compiler_options=options, **kwargs)
+
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch's shapes and dtypes (from step 0 of the data order)."""
         return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self.batches(0).items()}

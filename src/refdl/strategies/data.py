@@ -61,7 +61,7 @@ class DataParallel(Strategy):
             check_vma=False,  # ppermute results are typed "varying"; they are equal
         )
         self._step = (
-            jax.jit(step, donate_argnums=0)
+            self.jit(step, donate_argnums=0)
             .lower(self._abstract_state(), self._abstract_sharded_batch())
             .compile()
         )

@@ -160,7 +160,7 @@ class Decentralized(Strategy):
         fn = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P("data"), P("data")), out_specs=(P("data"), P("data"))
         )
-        return jax.jit(fn, donate_argnums=0)
+        return self.jit(fn, donate_argnums=0)
 
     def _serial_fn(self, matching: int | None):
         """The oracle: every replica on one device, ``vmap`` over replicas, dense W."""
@@ -189,7 +189,7 @@ class Decentralized(Strategy):
                 new = new.replace(params=mix(new.params))
             return new, loss
 
-        return jax.jit(step, donate_argnums=0)
+        return self.jit(step, donate_argnums=0)
 
     def _mpi_fn(self, matching: int | None):
         """One rank's step: its replica, mpi4jax send/receive with neighbours inside jit."""
@@ -226,7 +226,7 @@ class Decentralized(Strategy):
             mean_loss = mpi4jax.allreduce(loss, op=_mpi_sum(), comm=comm) / n
             return new, mean_loss
 
-        return jax.jit(step, donate_argnums=0)
+        return self.jit(step, donate_argnums=0)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         step = int(np.asarray(jax.device_get(state.step)).reshape(-1)[0])

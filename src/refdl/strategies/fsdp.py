@@ -90,7 +90,7 @@ class FSDP(Strategy):
         state = self.placed(self.to_layout(abstract, abstract=True))
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
                  for k, v in self.abstract_batch().items()}  # fmt: skip
-        self._step = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+        self._step = self.jit(step, donate_argnums=0).lower(state, batch).compile()
         self.comm = collective_bytes(self._step.as_text(), self.p)
         # The optimizer's words per parameter (SGD 0, momentum 1, Adam 2): its leaves shaped
         # like the parameters, over the parameter leaves.

@@ -56,7 +56,7 @@ class Hybrid(Strategy):
         self.batch_sharding = NamedSharding(self.mesh, P(plan.batch_axes))
         abstract = task.abstract_state()
         self.shardings = self.state_shardings(abstract)
-        step = jax.jit(
+        step = self.jit(
             functools.partial(task.step, microbatches=plan.microbatches),
             in_shardings=(self.shardings, self.batch_sharding),
             out_shardings=(self.shardings, self.replicated),

@@ -158,14 +158,14 @@ class Pipeline(Strategy):
             def bwd_weight(params, state, x, g):
                 return pull(lambda p_: out(p_, state, x, g), params, g)
 
-            return Programs(*(jax.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
+            return Programs(*(self.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
 
         self._fns = [make(c, k == self.k_last) for k, c in enumerate(self.chunks)]
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         # Each stage's update returns its state with the shardings it was placed with, so a
         # state restored from a checkpoint runs the very programs an uninterrupted run does.
         self._updates = [
-            jax.jit(self.task.apply_gradients, donate_argnums=0, out_shardings=sh)
+            self.jit(self.task.apply_gradients, donate_argnums=0, out_shardings=sh)
             for sh in self.shardings
         ]
 

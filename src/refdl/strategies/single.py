@@ -25,7 +25,7 @@ class Single(Strategy):
         # The batch goes in as NumPy: jit's own transfer to the sharding costs a fraction of
         # a separate ``device_put`` (~150 us a step on a 2-core host, docs/speed.md).
         on = jax.sharding.SingleDeviceSharding(self.device)
-        self._step = jax.jit(
+        self._step = self.jit(
             functools.partial(task.step, microbatches=plan.microbatches),
             donate_argnums=0, in_shardings=on, out_shardings=on,
         )  # fmt: skip

@@ -76,8 +76,8 @@ class ParameterServer(Strategy):
         params = task.model.abstract_params(task.sample_x)
         self.layout = Layout(params, self.k)
         self.n_params = param_count(params)
-        self._apply = jax.jit(self._apply_group)
-        self._grad = jax.jit(self._worker_grads)
+        self._apply = self.jit(self._apply_group)
+        self._grad = self.jit(self._worker_grads)
         self.executor = self._executor()
 
     def _executor(self) -> Any:

@@ -72,7 +72,7 @@ class Server:
                 mpi4jax.send(flat, ps.k + w, tag=PARAMS, comm=comm)
             return leaves, opt, jnp.stack(losses)
 
-        return jax.jit(round_)
+        return ps.jit(round_)
 
     def _async_fn(self):
         """Receive one gradient from any worker (source in ``self.status``) and apply it.
