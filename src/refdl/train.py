@@ -324,8 +324,10 @@ def _main(argv: list[str] | None) -> int:
         settings = choose_devices(settings)
         check_plot_path(settings.get("plot_schedule"))
         from refdl.config.spec import RunSpec
+        from refdl.parallel.processes import keep_freed_memory
         from refdl.run.loop import fit
 
+        keep_freed_memory()  # a step's large temporaries reused, not faulted in every step
         summary = fit(RunSpec.from_dict(settings, "the flags"))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)

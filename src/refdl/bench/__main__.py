@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from refdl.parallel.processes import keep_freed_memory
+
+    keep_freed_memory()  # as refdl.train: the steps timed here are the steps it runs
     if argv[0] == "predict-vs-measure":
         _simulated_devices()
         return predict_vs_measure.main(argv[1:])

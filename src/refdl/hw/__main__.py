@@ -14,7 +14,7 @@ from pathlib import Path
 from refdl.errors import UsageError
 from refdl.hw.calibrate import calibrate
 from refdl.hw.profile import dumps, load, parse
-from refdl.parallel.processes import simulate_devices
+from refdl.parallel.processes import keep_freed_memory, simulate_devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             print(dumps(load(args.name)), end="")
             return 0
         simulate_devices(8)  # the calibration measures simulated devices, as the tests run
+        keep_freed_memory()  # and steps as refdl.train runs them
         profile = parse(calibrate(args.name), "calibration")
         out = Path(args.out or str(resources.files("refdl.hw") / "profiles" / f"{args.name}.toml"))
         out.write_text(dumps(profile))

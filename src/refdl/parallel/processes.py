@@ -17,6 +17,7 @@ Rank and size are read from the launcher's environment first, so a plain
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import shutil
@@ -46,6 +47,24 @@ MALLOC_TUNABLES = (
     "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=1073741824:"
     "glibc.malloc.trim_threshold=4294967296"
 )
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """``MALLOC_TUNABLES``' thresholds for this process, through ``mallopt`` (glibc reads
+    ``GLIBC_TUNABLES`` only at start): allocations above glibc's largest dynamic mmap
+    threshold (32 MiB), such as an XLA:CPU step's temporaries (lstm_lm: 47 MB), then come
+    from the heap and are reused, instead of being page-faulted in on every step
+    (lstm_lm's CPU step ~48 -> ~41 ms; docs/speed.md). True if applied; nothing where the
+    C library is not glibc or ``GLIBC_TUNABLES`` is already set (the user's, or mpirun's)."""
+    if "GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl or another C library
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def launched_size() -> int:
