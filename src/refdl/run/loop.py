@@ -33,7 +33,7 @@ from refdl.parallel import processes
 from refdl.run import checkpoint
 from refdl.run.build import Run, build
 from refdl.run.folder import RunFolder
-from refdl.run.report import Writer, evaluate, summary, write_json
+from refdl.run.report import Writer, eval_program, evaluate, summary, write_json
 from refdl.run.trajectory import trajectory
 
 
@@ -156,9 +156,7 @@ class _Loop:
         self.history: dict[str, Any] = {"loss": [], "step_time_s": []}
         self.pending: list[tuple[int, dict[str, Any]]] = []  # steps whose loss is unread
         self.last_eval: dict[str, float] = {}
-        self.eval_fn = jax.jit(
-            run.task.eval_sums, compiler_options=run.task.compiler_options(jax.default_backend())
-        )
+        self.eval_fn = eval_program(run)
         self.ckpt_dir = out / "checkpoints"
 
     def _sync_at(self, done: int) -> bool:

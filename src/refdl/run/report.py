@@ -66,11 +66,15 @@ TB_TAGS = {
 }
 
 
+def eval_program(run: Run) -> Any:
+    """``Task.eval_sums`` jitted with the task's compiler options (the loop compiles it once)."""
+    options = run.task.compiler_options(jax.default_backend())
+    return jax.jit(run.task.eval_sums, compiler_options=options)
+
+
 def evaluate(run: Run, host_state: TrainState, eval_fn: Any = None) -> dict[str, float]:
     """Test loss and accuracy (and perplexity for token data) with the full parameters."""
-    eval_fn = eval_fn or jax.jit(
-        run.task.eval_sums, compiler_options=run.task.compiler_options(jax.default_backend())
-    )
+    eval_fn = eval_fn or eval_program(run)
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     for batch in run.dataset.test_batches():
         sums = eval_fn(host_state.params, host_state.model_state, batch)
