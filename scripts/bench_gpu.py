@@ -13,10 +13,13 @@ the forward and backward passes; the loss in fp32). Memory is XLA's compiled pla
 (arguments + outputs + temporaries - aliases) and the allocator's peak.
 
     python scripts/bench_gpu.py --out DIR [--only own,paper,gpt] [--quick]
+        [--append docs/bench/gpu/gpu_steps-DATE.json]
 
 Writes ``DIR/gpu_steps.json`` after every case, so a run cut short keeps what it
-measured. Predictions for the card's profile are added later, on any machine, by
-``python -m refdl.bench published`` (which reads the rows this file becomes).
+measured. ``--append FILE`` continues an earlier call's results (the same card):
+its cases are kept and the new ones numbered as the next run, so a session's
+600-second calls make one file. ``scripts/gpu_rows.py`` turns that file into the
+data set's measured-here rows; ``python -m refdl.bench published`` predicts them.
 """
 
 from __future__ import annotations
@@ -214,6 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU dry run")
     ap.add_argument("--min-seconds", type=float, default=0.5)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--append", default=None, help="an earlier gpu_steps.json to continue")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,8 +231,18 @@ def main(argv=None) -> int:
         "platform": dev.platform,
         "jax": jax.__version__,
         "bf16_peak_flops": peak,
+        "quick": args.quick,
         "cases": [],
     }
+    run = 1
+    if args.append:
+        old = json.loads(Path(args.append).read_text(encoding="utf-8"))
+        if old["device"] != kind:
+            raise SystemExit(f"--append {args.append}: measured on {old['device']}, not {kind}")
+        old.setdefault("commands", [old.pop("command", "")])
+        old["commands"].append(doc["command"])
+        run = 1 + max((c.get("run", 1) for c in old["cases"]), default=0)
+        doc = old
     dtypes = {
         k: v
         for k, v in {"fp32": jnp.float32, "bf16": jnp.bfloat16}.items()
@@ -240,6 +254,7 @@ def main(argv=None) -> int:
     reps = 2 if args.quick else args.repeats
 
     def record(row):
+        row["run"] = run
         doc["cases"].append(row)
         (out / "gpu_steps.json").write_text(json.dumps(doc, indent=1))
         t = row.get("step_time_s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -170,3 +171,53 @@ def test_bench_published_held_out_errors_and_no_point_beats_its_bound(bench_json
     assert bench_json["violations"] == []
     skipped = [p for p in bench_json["points"] if "skipped" in p]
     assert skipped and all(p["skipped"] for p in skipped)
+
+
+def _gpu_rows():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_rows", ROOT / "scripts" / "gpu_rows.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_measured_here_rows_equal_their_results_file():
+    # every measured-here row of the data set is what scripts/gpu_rows.py makes of the
+    # committed bench_gpu.py results, field by field: no hand-copied number can drift
+    rows = _gpu_rows()
+    doc = json.loads((ROOT / "docs/bench/gpu/gpu_steps.json").read_text())
+    made = rows.rows(doc, "docs/bench/gpu/gpu_steps.json")
+    raw = tomllib.loads(P.DATA.read_text())
+    have = [p for p in raw["point"] if p["source"] == "refdl-h100-2026-11-23"]
+    assert [m["model"] + "/" + m["precision"] for m in made] == [
+        "gpt2/bf16", "alexnet/fp32", "alexnet/bf16", "vgg16/fp32", "googlenet/fp32",
+        "inception_v3/fp32", "resnet50/fp32", "resnet101/fp32"]  # fmt: skip
+    assert made == have
+    assert made[3]["value"] == 0.0371053  # vgg16 fp32 at batch 64: 37.1 ms on the H100
+
+
+def test_gpu_rows_write_puts_back_removed_rows_in_calibration(tmp_path):
+    # the data set without its measured-here source: --write restores the same points
+    sid = "refdl-h100-2026-11-23"
+    text = P.DATA.read_text()
+    head, *tables = text.split("\n[[")
+    kept = [t for t in tables if f'source = "{sid}"' not in t and f'id = "{sid}"' not in t]
+    assert len(tables) - len(kept) == 9  # the source and its 8 points
+    stripped = "\n[[".join([head.replace(f', "{sid}"', ""), *kept])
+    data = tmp_path / "m.toml"
+    data.write_text(stripped)
+    assert sid not in data.read_text()
+    results = str(ROOT / "docs/bench/gpu/gpu_steps.json")
+    assert _gpu_rows().main([results, "--data", str(data), "--write"]) == 0
+    points, split = P.load(data)
+    assert sid in split["calibration"]
+    mine = [p for p in points if p.source == sid]
+    want = [p for p in P.load()[0] if p.source == sid]
+    assert [(p.model, p.precision, p.batch, p.value, p.part) for p in mine] == [
+        (p.model, p.precision, p.batch, p.value, p.part) for p in want]  # fmt: skip
+    assert all(p.part == "calibration" for p in mine) and len(mine) == 8
+    # a second --write finds nothing new
+    before = data.read_text()
+    assert _gpu_rows().main([results, "--data", str(data), "--write"]) == 0
+    assert data.read_text() == before
