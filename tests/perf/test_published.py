@@ -74,6 +74,9 @@ def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation(
         assert architectures.factor(name) == pytest.approx(v["factor"], rel=1e-3)
         assert set(v["sources"]) <= set(split["calibration"])
     assert architectures.factor("gpt2") == 1.0 and architectures.source("gpt2") is None
+    # VGG-19 has no calibration step: it takes VGG-16's factor, and says so
+    assert "vgg19" not in models and architectures.factor("vgg19") == architectures.factor("vgg16")
+    assert architectures.source("vgg19").startswith("vgg16's factor (same family")
     fitted = devices[("H100 SXM", "conv", "tf32")]["fraction"]
     written = hw.load("h100-nvlink").achieved.fraction("conv", "tf32")
     assert written == pytest.approx(fitted, rel=1e-3)

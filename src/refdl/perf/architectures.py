@@ -8,9 +8,11 @@ GoogLeNet (many small and 1x1 convolutions, concatenations) ~0.85x. A
 profile's ``[achieved.device]`` fraction is ResNet-50's; this factor scales it
 per convolutional architecture. ``scripts/fit_achieved.py`` fits both on the
 calibration part of ``docs/published/measurements.toml`` (log-space least
-squares of ``time = FLOPs / (peak x fraction[device] x factor[model])``); a
-model without a factor gets 1 (ResNet-50's), and so do GEMM-class models
-(their device fraction is fitted on themselves).
+squares of ``time = FLOPs / (peak x fraction[device] x factor[model])``). A
+model with no calibration step of its own takes its family's factor (VGG-19:
+VGG-16's, the same 3x3 stacks and classifier with three more convolutions);
+one with neither gets 1 (ResNet-50's), and so do GEMM-class models (their
+device fraction is fitted on themselves).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import tomllib
 from pathlib import Path
 
 FILE = Path(__file__).with_name("architectures.toml")
+# A model without calibration steps of its own -> the fitted model of its family.
+FAMILY = {"vgg19": "vgg16"}
 
 
 @functools.cache
@@ -29,11 +33,24 @@ def _table() -> dict[str, dict]:
     return tomllib.loads(FILE.read_text()).get("model", {})
 
 
+def _entry(model: str) -> tuple[str, dict]:
+    """(the model whose fit applies, its entry): its own, else its family's, else none."""
+    table = _table()
+    if model not in table and FAMILY.get(model) in table:
+        return FAMILY[model], table[FAMILY[model]]
+    return model, table.get(model, {})
+
+
 def factor(model: str) -> float:
     """The architecture's achieved fraction relative to ResNet-50's on the same device."""
-    return float(_table().get(model, {}).get("factor", 1.0))
+    return float(_entry(model)[1].get("factor", 1.0))
 
 
 def source(model: str) -> str | None:
     """Where ``model``'s factor comes from (None: no factor, 1 assumed)."""
-    return _table().get(model, {}).get("source")
+    fitted, entry = _entry(model)
+    if "source" not in entry:
+        return None
+    if fitted != model:
+        return f"{fitted}'s factor (same family; no {model} calibration step): {entry['source']}"
+    return entry["source"]
