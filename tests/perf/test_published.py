@@ -224,3 +224,20 @@ def test_gpu_rows_write_puts_back_removed_rows_in_calibration(tmp_path):
     before = data.read_text()
     assert _gpu_rows().main([results, "--data", str(data), "--write"]) == 0
     assert data.read_text() == before
+
+
+def test_a_scaling_series_is_one_machines_rows():
+    # DeepLearningExamples' MXNet tables: the DGX-2's 16-GPU row scales against the DGX-2's
+    # own 1-GPU row (1492 images/s: 21484 / 16 / 1492 = 0.900, the table's 14.39 / 16), never
+    # the DGX A100's, whose batch and precision match; an EC2 K80 cluster's 8-GPU row has no
+    # smaller count of its own and is not measured against a P100's 1-GPU row
+    points, _ = P.load()
+    rows = {r["index"]: r for r in P.evaluate(points)}
+    (dgx2,) = [p for p in points if p.where.endswith("DGX-2 (16x V100 32GB), GPUs=16")
+               and p.precision == "amp"]  # fmt: skip
+    base = P._base(dgx2, points)
+    assert (base.value, base.workers, base.hw) == (1492, 1, "v100-nvlink")
+    assert rows[dgx2.index]["published"] == pytest.approx(21484 / 16 / 1492)
+    ec2 = [p for p in points if p.hw == "k80-pcie-10gbe" and p.workers == 8]
+    assert len(ec2) == 2 and all(P._base(p, points) is None for p in ec2)
+    assert all("no smaller worker count" in rows[p.index]["skipped"] for p in ec2)

@@ -201,16 +201,15 @@ def _skip(p: Point) -> str | None:
 
 
 def _base(p: Point, points: list[Point]) -> Point | None:
-    """The series' smallest worker count: same source, model, precision and batch (and
-    the same profile where one has it)."""
+    """The series' smallest worker count: same source, machine (profile), model, precision
+    and batch. Never another machine's row: a DGX A100's 1-GPU figure is no base for a
+    DGX-2's 16, nor a GCE K80's for an EC2 cluster's."""
     same = [q for q in points
-            if q.source == p.source and q.model == p.model and q.precision == p.precision
-            and q.batch == p.batch and q.metric == "samples_per_s"
-            and q.workers < p.workers and q.kind in ("step", "scaling")]  # fmt: skip
-    if not same:
-        return None
-    mine = [q for q in same if q.hw == p.hw] or same
-    return min(mine, key=lambda q: (q.workers, q.index))
+            if q.source == p.source and q.hw == p.hw and q.model == p.model
+            and q.precision == p.precision and q.batch == p.batch
+            and q.metric == "samples_per_s" and q.workers < p.workers
+            and q.kind in ("step", "scaling")]  # fmt: skip
+    return min(same, key=lambda q: (q.workers, q.index), default=None)
 
 
 def evaluate(points: list[Point]) -> list[dict[str, Any]]:
