@@ -56,6 +56,21 @@ class _Parser(argparse.ArgumentParser):
 STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
 
 
+def scope_note(profile: Any, workers: list[int]) -> str | None:
+    """What a prediction assumes when it asks more devices of a one-node profile than
+    the node holds: its own link, as one larger node (an NVSwitch machine such as a
+    DGX-2), not a network; None when the profile covers the worker counts."""
+    per_node, top = profile.devices_per_node, max(workers)
+    if "inter" in profile.links or "intra" not in profile.links or top <= per_node:
+        return None
+    wider = [n for n in hw.names() if n.startswith(profile.name + "-")]
+    return (
+        f"{profile.name} describes one node of {per_node} devices and no network: "
+        f"{top} workers are modelled as one larger node on its own link; for several "
+        "nodes use a profile with a network" + (f" ({', '.join(wider)})" if wider else "")
+    )
+
+
 def predict_steps(
     hw_name: str,
     strategy: str,
@@ -143,6 +158,9 @@ def predict_steps(
                 "params": m.params,
             }
         )
+    if note := scope_note(profile, workers):
+        for r in rows:
+            r["note"] = note
     return rows
 
 
@@ -219,6 +237,9 @@ def predict_collective(
                 "busbw": busbw,
             }
         )
+    if note := scope_note(profile, workers):
+        for r in rows:
+            r["note"] = note
     return rows
 
 
@@ -314,6 +335,8 @@ def _step_main(argv: list[str]) -> int:
             f"{r['throughput']:10.1f} {r['speedup']:8.2f} {r['efficiency']:6.2f} "
             f"{r['memory_bytes'] / 1e9:7.2f}"
         )
+    if "note" in rows[0]:
+        print(f"note: {rows[0]['note']}")
     return 0
 
 
@@ -387,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['algbw'] / 1e9:14.2f} "
                 f"{r['busbw'] / 1e9:14.2f}"
             )
+        if "note" in rows[0]:
+            print(f"note: {rows[0]['note']}")
     return 0
 
 

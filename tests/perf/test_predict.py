@@ -235,6 +235,20 @@ def test_predict_cli_json_and_errors(capsys, tmp_path):
     assert predict_main(["--hw", "p100-nvlink", "--model", "mlp", "--workers", "x"]) == 2
 
 
+def test_more_workers_than_a_one_node_profile_holds_says_what_it_assumes(capsys):
+    # v100-nvlink is a DGX-1V node (8 GPUs, no network): 16 workers are one larger node
+    # (how a DGX-2 is predicted), and the output says so and names the multi-node profile
+    assert "note" not in predict_steps("v100-nvlink", "data", "resnet50", 64, [1, 8])[0]
+    rows = predict_steps("v100-nvlink", "data", "resnet50", 64, [1, 8, 16])
+    assert "16 workers are modelled as one larger node" in rows[0]["note"]
+    assert "(v100-nvlink-ib-edr)" in rows[0]["note"]
+    assert "note" not in predict_steps("v100-nvlink-ib-edr", "data", "resnet50", 64, [16])[0]
+    assert predict_main(["collective", "--hw", "p100-nvlink", "--workers", "16",
+                         "--bytes", "1e6"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("note: p100-nvlink describes one node of 8 devices")
+
+
 def test_alpha_beta_link_of_local_profile():
     local = hw.load("local")
     intra = local.links["intra"]
