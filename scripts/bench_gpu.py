@@ -239,6 +239,8 @@ def main(argv=None) -> int:
         old = json.loads(Path(args.append).read_text(encoding="utf-8"))
         if old["device"] != kind:
             raise SystemExit(f"--append {args.append}: measured on {old['device']}, not {kind}")
+        if old.get("quick", False) != args.quick:
+            raise SystemExit(f"--append {args.append}: --quick and measurements do not mix")
         old.setdefault("commands", [old.pop("command", "")])
         old["commands"].append(doc["command"])
         run = 1 + max((c.get("run", 1) for c in old["cases"]), default=0)
