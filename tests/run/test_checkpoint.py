@@ -108,6 +108,20 @@ def test_a_killed_writers_temporary_is_removed_and_never_chosen(tmp_path, states
     assert checkpoint.remove_temporaries(tmp_path) == [tmp] and not tmp.exists()
 
 
+def test_a_changed_byte_in_an_array_header_is_damage_not_a_syntax_error(tmp_path, states):
+    # found by the property below: numpy parses a .npy header as a Python literal, so one
+    # byte turned into "{" raised tokenize.TokenError out of read_leaves
+    path = checkpoint.save(tmp_path, states[1], {"spec": {}})
+    f = path / "state.npz"
+    raw = f.read_bytes()
+    # the 64 x 256 kernel: numpy parses its header before the zip's CRC is checked (a small
+    # array is read whole first, and its CRC fails: BadZipFile)
+    assert raw.count(b"False, 'shape': (64, 256)") == 2  # the kernel and its momentum
+    f.write_bytes(raw.replace(b"False, 'shape': (64, 256)", b"False,{'shape': (64, 256)", 1))
+    with pytest.raises(checkpoint.Damaged, match=r"state\.npz is unreadable \(TokenError\)"):
+        checkpoint.read_leaves(path, checkpoint.read_meta(path))
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import tokenize
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,10 @@ def read_leaves(path: str | Path, meta: dict[str, Any]) -> list[np.ndarray]:
         raise Damaged(f"{STATE} is missing") from None
     except KeyError as e:
         raise Damaged(f"{STATE} lacks array {e}") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile,
+            SyntaxError, tokenize.TokenError, TypeError, MemoryError) as e:  # fmt: skip
+        # an array's .npy header is a Python literal: a changed byte there makes numpy's
+        # parser raise SyntaxError or TokenError, a changed shape a huge allocation
         raise Damaged(f"{STATE} is unreadable ({type(e).__name__})") from None
     return out
 
