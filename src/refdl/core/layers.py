@@ -375,9 +375,15 @@ class Sequential:
         """
         # Initialisation runs once: compile it without LLVM's expensive passes, which on
         # the CPU backend take seconds per random initializer for no run-time gain here.
+        # The program is kept per input shape: each seed of a run is a new key, not a new
+        # compile (refdl validate --results runs many seeds of one model).
         options = _FAST_COMPILE if jax.default_backend() == "cpu" else None
-        compiled = jax.jit(self._init_boxed).lower(rng, x).compile(compiler_options=options)
-        boxed = compiled(rng, x)
+        programs = self.__dict__.setdefault("_init_programs", {})
+        sig = (jax.default_backend(), jnp.shape(x), str(jnp.result_type(x)), jax.typeof(rng))
+        if sig not in programs:
+            lowered = jax.jit(self._init_boxed).lower(rng, x)
+            programs[sig] = lowered.compile(compiler_options=options)
+        boxed = programs[sig](rng, x)
         return (*self._params_state(nn.meta.unbox(boxed)), self._axes(boxed))
 
     def logical_axes(self, x: Array) -> PyTree:
