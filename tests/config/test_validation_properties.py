@@ -135,12 +135,13 @@ def test_any_recipe_text_is_loaded_or_refused_in_one_line(tmp_path_factory, body
     st.just('{"config": {"model": "mlp"}}'),
 ), max_size=5))  # fmt: skip
 def test_any_framework_log_is_read_or_refused_in_one_line(tmp_path_factory, lines):
-    from refdl.validate.results import read_log
+    from refdl.validate.logs import read_log
 
     path = tmp_path_factory.mktemp("l") / "log.jsonl"
     path.write_text("\n".join(lines))
     try:
-        rows, config = read_log(str(path))
+        log = read_log(str(path))
+        rows, config = log.rows, log.config
     except UsageError as e:
         assert "\n" not in str(e)
     else:

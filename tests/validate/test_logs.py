@@ -1,5 +1,6 @@
-"""A framework's own log, as users have it: real PyTorch scripts (tests/validate/scripts/)
-checked statistically against refdl's seeds, or exactly from refdl's exported start."""
+"""A framework's own log, as users have it: real PyTorch scripts (scripts/user_runs/)
+checked statistically against refdl's seeds - as JSON lines, CSV and TensorBoard events -
+or exactly from refdl's exported start; the rule's error rates, measured."""
 
 from __future__ import annotations
 
@@ -8,26 +9,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from conftest import ROOT
 from refdl.validate import __main__ as VM
+from refdl.validate import statistical as S
+from refdl.validate.logs import read_log
+from refdl.validate.results import RATES, steady_rate
 
 pytest.importorskip("torch", reason="PyTorch not installed (bash scripts/setup.sh does)")
-SCRIPT = Path(__file__).parent / "scripts" / "train_digits_mlp_torch.py"
+SCRIPT = ROOT / "scripts" / "user_runs" / "torch_digits.py"
 
 
-def train(tmp: Path, name: str, *args: str) -> Path:
-    """Run the user's PyTorch script; its JSONL log."""
-    log = tmp / f"{name}.jsonl"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(log), *args],
+def train(tmp: Path, *args: str) -> None:
+    """Run the user's PyTorch script (its logs go to ``tmp``)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp), *args],
                           capture_output=True, text=True, timeout=300, cwd=tmp)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return log
 
 
 def report(log: Path, tmp: Path, *extra: str) -> tuple[int, dict]:
-    out = tmp / f"report-{log.stem}"
-    code = VM.main(["--results", str(log), "--report", str(out), *extra])
+    out = tmp / f"report-{log.name.replace('.', '-')}"
+    code = VM.main(["--results", str(log), "--report", str(out),
+                    "--seed-cache", str(tmp / "seeds"), *extra])  # fmt: skip
     return code, json.loads((out / "report.json").read_text())
 
 
@@ -36,84 +41,211 @@ def logs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("logs")
     start = tmp / "start"
     assert VM.main(["--export-start", str(start), "--model", "mlp", "--steps", "200"]) == 0
-    return tmp, {
-        "healthy": train(tmp, "healthy"),
-        "no_zero_grad": train(tmp, "no_zero_grad", "--bug", "no-zero-grad"),
-        "from_start": train(tmp, "from_start", "--start", str(start)),
-    }
+    train(tmp, "--seeds", "7", "--formats", "jsonl,csv,tb")
+    train(tmp, "--seeds", "1", "--start", str(start))
+    return tmp
 
 
-def test_a_healthy_run_with_its_own_init_passes_statistically(logs):
-    tmp, paths = logs
-    code, r = report(paths["healthy"], tmp)
+def test_a_healthy_run_passes_with_the_rule_its_statistics_and_a_picture(logs):
+    code, r = report(logs / "torch-mlp-shuffle-healthy-s7.jsonl", logs)
     assert code == 0 and r["passed"], r["failed"]
     assert r["comparison"] == "statistical" and "no exported start" in r["why"]
-    assert r["init"] == "torch"  # refdl's seeds drawn as PyTorch draws (the log says so)
-    assert r["seeds"] == 5 and r["end_in_band"]
-    acc = r["final_test_accuracy"]
-    assert acc["framework"] >= acc["floor"] and 0.9 < acc["refdl_mean"] <= 1.0
-    lo, hi = r["final_loss"]["band"]
-    assert lo <= r["final_loss"]["framework"] <= hi
-    assert r["assumptions"] == [] and r["warnings"] == []  # the script declares every key
-    text = (tmp / "report-healthy" / "report.md").read_text()
-    assert "**Comparison: statistical**" in text and "rule:" in text
+    assert r["init"] == "torch" and r["seeds"] == 10  # drawn as PyTorch draws (declared)
+    assert "random 80/20 split" in r["splits"]  # the script splits at random: so do the seeds
+    names = [s["name"] for s in r["statistics"]]
+    assert names == ["loss_early", "loss_middle", "loss_end", "test_accuracy"]
+    assert r["statistics_compared"] == 4 and 0.0 < r["p_value"] <= 1.0
+    for s in r["statistics"]:
+        lo, hi = s["interval"]
+        assert not s["departs"] and lo < s["refdl_mean"] < hi
+    early = r["statistics"][0]  # the first quarter: the loss falls from ln 10 to ~0.5
+    assert 1.0 < early["value"] < 2.3 and abs(np.log(early["value"] / early["refdl_mean"])) < 0.2
+    assert r["false_alarm_rate"]["n"] >= 100 and r["false_alarm_rate"]["rate"] <= 0.05
+    out = logs / "report-torch-mlp-shuffle-healthy-s7-jsonl"
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "report.md").read_text()
+    assert "![refdl's seeds and the framework's loss](loss.png)" in text
+    assert "| loss_end |" in text and "false-alarm rate" in text
+    assert r["assumptions"] == ["split not given: assumed the log's own random 80/20 "
+                                "train/test split (refdl's seeds draw theirs at random too); "
+                                "declare \"split\": \"refdl\" for refdl's fixed split"]  # fmt: skip
 
 
-def test_gradients_never_zeroed_fail_naming_the_step(logs):
-    tmp, paths = logs
-    code, r = report(paths["no_zero_grad"], tmp)
+def test_tensorboard_and_csv_logs_of_the_same_run_get_the_same_verdict(logs):
+    _, ref = report(logs / "torch-mlp-shuffle-healthy-s7.jsonl", logs)
+    toml = str(logs / "torch-mlp-shuffle-healthy-s7.toml")
+    for name in ("torch-mlp-shuffle-healthy-s7.csv", "torch-mlp-shuffle-healthy-s7.tb"):
+        code, r = report(logs / name, logs, "--config", toml)
+        assert code == 0 and r["passed"] == ref["passed"] and r["failed"] == ref["failed"]
+        assert r["format"] == ("csv" if name.endswith(".csv") else "tensorboard")
+        for a, b in zip(r["statistics"], ref["statistics"], strict=True):
+            assert a["value"] == pytest.approx(b["value"], rel=1e-6)  # TB keeps float32
+            assert a["p_value"] == pytest.approx(b["p_value"], rel=1e-3, abs=1e-9)
+    assert "loss from tag 'loss'" in r["read"][0] and "accuracy from tag 'accuracy'" in r["read"][0]
+
+
+def test_gradients_never_zeroed_fail_naming_the_statistics(logs):
+    train(logs, "--seeds", "3", "--bug", "no-zero-grad")
+    code, r = report(logs / "torch-mlp-shuffle-no-zero-grad-s3.jsonl", logs)
     assert code == 1 and not r["passed"]
-    assert "end_in_band" in r["failed"] and "final_accuracy" in r["failed"]
-    assert r["outside_from_step"] is not None and r["outside_from_step"] < 100
-    assert r["final_loss"]["framework"] > 10 * r["final_loss"]["band"][1]
+    assert {"loss_middle", "loss_end", "test_accuracy"} <= set(r["failed"])
+    end = next(s for s in r["statistics"] if s["name"] == "loss_end")
+    assert end["value"] > 10 * end["interval"][1] and end["p_value"] < 1e-6
+    assert r["p_value"] < 1e-6
 
 
 def test_a_run_from_the_exported_start_passes_exactly(logs):
-    tmp, paths = logs
-    code, r = report(paths["from_start"], tmp)
+    code, r = report(logs / "torch-mlp-shuffle-healthy-s1.jsonl", logs)
     assert code == 0 and r["passed"], r
     assert r["comparison"] == "exact" and "exported start" in r["why"]
     assert r["steps_compared"] == 200 and r["loss_max_rel_diff"] < 1e-4
     assert r["param_rel_l2_diff"] < 1e-4  # the final weights the script saved
+    assert 0 < r["margin"] <= 1e-4 and not any(a.startswith("split") for a in r["assumptions"])
 
 
-def test_missing_and_unknown_keys_are_reported_not_refused(tmp_path):
+def test_the_measured_rates_belong_to_the_rule_in_force():
+    """rates.json is what scripts/bench_validate.py measured for this very rule: change
+    alpha, a margin or a window and this fails until the benchmark is rerun."""
+    rates = json.loads(RATES.read_text())
+    assert rates["rule_fingerprint"] == S.rule_fingerprint()
+    assert rates["false_alarm_rate"]["rate"] <= 0.05 and rates["detection_rate"]["rate"] >= 0.95
+    assert min(rates["detection_rate"]["by_bug"].values()) >= 0.95
+
+
+def test_the_test_s_false_alarm_rate_is_alpha_by_construction():
+    """Under the null (the framework's statistics drawn from refdl's distribution), the
+    Bonferroni prediction-interval test without margins departs in <= alpha of the runs."""
+    rng = np.random.default_rng(0)
+    trials, k, fired = 1500, 10, 0
+    for _ in range(trials):
+        draws = np.exp(rng.normal(0.0, 0.3, size=(3, k + 1)))  # three loss statistics
+        fired += any(S.judge(n, float(d[-1]), d[:-1], 3)["p_value"] < S.ALPHA / 3
+                     for n, d in zip(("loss_early", "loss_middle", "loss_end"), draws,
+                                     strict=True))  # fmt: skip
+    assert 0.02 < fired / trials <= 0.06  # alpha = 0.05 (Bonferroni is slightly conservative)
+
+
+def test_the_margin_keeps_a_tiny_systematic_difference_from_failing():
+    ref = np.exp(np.random.default_rng(1).normal(0.0, 0.01, size=10))  # a very tight spread
+    s = S.judge("loss_end", 1.10, ref, 4)  # 10 % off: far outside the interval...
+    assert s["p_value"] < 1e-6 and not s["departs"]  # ...but within the 25 % margin
+    assert S.judge("loss_end", 1.5, ref, 4)["departs"]
+    acc = np.full(10, 0.95) + np.random.default_rng(2).normal(0, 0.002, 10)
+    assert not S.judge("test_accuracy", 0.99, acc, 4)["departs"]  # better is not a failure
+    assert S.judge("test_accuracy", 0.90, acc, 4)["departs"]
+
+
+def test_seed_runs_on_one_build_equal_separate_runs_and_are_cached(tmp_path):
+    import dataclasses
+
+    from refdl.config.spec import RunSpec
+
+    spec = RunSpec(strategy="single", model="mlp", steps=12, progress=False, init="torch")
+    together = S.seed_runs(spec, 2, cache=tmp_path, resplit=True)  # each its own split
+    plain = S.seed_runs(spec, 2)
+    assert not np.array_equal(together.losses, plain.losses)  # other splits, other batches
+    for k in range(2):
+        alone = S.seed_runs(dataclasses.replace(spec, seed=k), 1)
+        np.testing.assert_array_equal(plain.losses[k], alone.losses[0])
+        assert plain.accuracy[k] == alone.accuracy[0]
+    again = S.seed_runs(spec, 2, cache=tmp_path, resplit=True)  # read from the cache
+    np.testing.assert_array_equal(again.losses, together.losses)
+    assert len(list(tmp_path.glob("seeds-*.npz"))) == 1
+
+
+def test_steady_state_throughput_drops_start_up_and_reads_cumulative_figures():
+    rows = [{"step": t, "loss": 1.0, "samples_per_s": 10.0 if t < 3 else 1000.0}
+            for t in range(30)]  # fmt: skip
+    rate, how = steady_rate(rows, 64, "per_step")
+    assert rate == 1000.0 and "first 3 rows dropped" in how
+    # cumulative: 2 s of start-up, then 1000 samples/s; the log gives samples so far / time
+    cum = [{"step": t, "loss": 1.0, "samples_per_s": (t + 1) * 64 / (2.0 + (t + 1) * 0.064)}
+           for t in range(30)]  # fmt: skip
+    rate, how = steady_rate(cum, 64, "cumulative")
+    assert rate == pytest.approx(1000.0, rel=1e-9) and "cumulative" in how
+    assert steady_rate(cum, 64, "per_step")[0] < 700  # read as per-step it would be wrong
+    timed = [{"step": t, "loss": 1.0, "wall_time": 100.0 + (5.0 if t else 0) + 0.064 * t}
+             for t in range(30)]  # fmt: skip
+    assert steady_rate(timed, 64, "per_step")[0] == pytest.approx(1000.0)
+
+
+def test_csv_columns_and_tensorboard_tags_are_named_or_refused(tmp_path, capsys):
+    csv = tmp_path / "log.csv"
+    csv.write_text("iteration,train_loss,acc\n" + "".join(f"{t},{2.3 - 0.01 * t},0.5\n"
+                                                          for t in range(5)))  # fmt: skip
+    log = read_log(str(csv), sets=["model=mlp", "steps=5"],
+                   scalars="loss=train_loss,test_accuracy=acc")  # fmt: skip
+    assert [r["loss"] for r in log.rows] == pytest.approx([2.3, 2.29, 2.28, 2.27, 2.26])
+    assert log.config == {"model": "mlp", "steps": 5} and "step from 'iteration'" in log.notes[0]
+    csv.write_text("epoch,loss\n0,2.3\n")
+    assert VM.main(["--results", str(csv), "--set", "model=mlp"]) == 2  # no step column
+    assert "row 1 has no step" in capsys.readouterr().err
+    tb = tmp_path / "tb"
+    from tensorboardX import SummaryWriter
+
+    with SummaryWriter(str(tb)) as w:
+        for t in range(5):
+            w.add_scalar("train/objective", 2.0 - 0.1 * t, t)
+    assert VM.main(["--results", str(tb), "--set", "model=mlp"]) == 2
+    assert "no loss among the event file's scalar tags (train/objective)" in capsys.readouterr().err
+    log = read_log(str(tb), sets=["model=mlp"], scalars="loss=train/objective")
+    assert [r["step"] for r in log.rows] == [0, 1, 2, 3, 4] and "wall_time" in log.rows[0]
+    # a damaged event file is one line naming the byte
+    f = next(tb.glob("*tfevents*"))
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert VM.main(["--results", str(tb), "--set", "model=mlp", "--scalars",
+                    "loss=train/objective"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "damaged" in err and "byte" in err
+
+
+def test_bad_configuration_files_and_special_files_are_one_line(tmp_path, capsys):
+    import os
+
+    log = tmp_path / "log.csv"
+    log.write_text("step,loss\n0,2.3\n1,2.2\n")
+    bad = tmp_path / "run.toml"
+    bad.write_text("model = 'mlp'\nlr = 'fast'\n")
+    assert VM.main(["--results", str(log), "--config", str(bad)]) == 2
+    assert "configuration lr must be a finite number" in capsys.readouterr().err
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    assert VM.main(["--results", str(log), "--config", str(deep)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    assert VM.main(["--results", str(fifo)]) == 2  # refused, not read (it would block)
+    assert "not a regular file" in capsys.readouterr().err
+    assert VM.main(["--results", str(log), "--set", "model"]) == 2
+    assert "give KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_diverged_log_is_judged_not_refused(tmp_path):
     log = tmp_path / "log.jsonl"
-    rows = [json.dumps({"step": t, "loss": 2.3 - 0.01 * t}) for t in range(20)]
-    log.write_text(json.dumps({"config": {"model": "mlp", "steps": 20, "gpus": 2}}) + "\n"
-                   + "\n".join(rows) + "\n")  # fmt: skip
-    code, r = report(log, tmp_path, "--seeds", "2")
-    assert code in (0, 1) and r["comparison"] == "statistical"
-    assert any(a.startswith("init not given") for a in r["assumptions"])
-    assert any("'gpus'" in w for w in r["warnings"])
+    rows = [{"step": t, "loss": 2.3 if t < 10 else float("nan")} for t in range(20)]
+    config = {"model": "mlp", "steps": 20, "init": "torch_default", "split": "own"}
+    log.write_text("\n".join(json.dumps(x) for x in [{"config": config}, *rows]) + "\n")
+    code, r = report(log, tmp_path, "--seeds", "3")
+    assert code == 1 and r["failed"][0] == "finite"
 
 
-def test_a_start_for_another_configuration_is_compared_statistically(tmp_path):
-    log = tmp_path / "log.jsonl"
-    config = {"model": "mlp", "steps": 5, "start": "0123456789abcdef", "init": "refdl"}
-    rows = [json.dumps({"step": t, "loss": 2.3}) for t in range(5)]
-    log.write_text(json.dumps({"config": config}) + "\n" + "\n".join(rows) + "\n")
-    _code, r = report(log, tmp_path, "--seeds", "2")
-    assert r["comparison"] == "statistical" and "but refdl's export" in r["why"]
-
-
-def test_export_start_writes_every_layout(tmp_path):
-    import numpy as np
-
-    out = tmp_path / "start"
-    assert VM.main(["--export-start", str(out), "--model", "lenet5", "--steps", "3",
-                    "--batch-size", "8"]) == 0  # fmt: skip
-    start = json.loads((out / "start.json").read_text())
-    assert len(start["fingerprint"]) == 16 and start["config"]["model"] == "lenet5"
-    assert np.load(out / "batches.npy").shape == (3, 8)
-    names = [p["name"] for p in start["torch_parameters"]]
-    assert names[0] == "00_conv.weight" and start["torch_parameters"][0]["shape"] == [8, 1, 5, 5]
-    with np.load(out / "init_torch.npz") as t, np.load(out / "init_refdl.npz") as r:
-        assert np.array_equal(t["p000"], r["00_conv/kernel"].transpose(3, 2, 0, 1))
-    for loader in ("load_torch.py", "load_keras.py"):
-        assert "def load_start" in (out / loader).read_text()
-    # a second export of the same configuration has the same fingerprint
-    again = tmp_path / "again"
-    VM.main(["--export-start", str(again), "--model", "lenet5", "--steps", "3",
-             "--batch-size", "8"])  # fmt: skip
-    assert json.loads((again / "start.json").read_text())["fingerprint"] == start["fingerprint"]
+@pytest.mark.parametrize("frameworks", ["torch", pytest.param("keras", marks=pytest.mark.slow)])
+def test_bench_validate_small_healthy_pass_and_every_bug_fails(tmp_path, frameworks):
+    """scripts/bench_validate.py on one seed per cell: the direction of every verdict."""
+    if frameworks == "keras":
+        pytest.importorskip("tensorflow", reason="TensorFlow not installed (setup.sh does)")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_validate.py"), "--frameworks", frameworks,
+         "--models", "mlp", "--healthy-seeds", "1", "--bug-seeds", "1", "--seeds", "5",
+         "--work", str(tmp_path), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads((tmp_path / "bench_validate.json").read_text())
+    assert r["healthy_passed"] == {"rate": 1.0, "k": 2, "n": 2}  # both samplers
+    for bug, v in r["bugs_failed"].items():
+        assert v["k"] == v["n"] == 1, bug
+        assert v["caught_by"], bug  # the reason is named
+    assert "| healthy" in (tmp_path / "bench_validate.md").read_text()

@@ -14,10 +14,14 @@ Two modes:
   and Deep500's error metrics. ``--strategy ps --ps-mode async`` compares by
   outcome instead: accuracy band, throughput, staleness. Exit status 1 when a
   tolerance is exceeded.
-- ``--results FILE [--hw PROFILE]`` reads a framework's own training log (CSV or
-  JSONL of step, loss, samples/s and the configuration), reruns that
-  configuration in refdl, predicts its step time with the performance model,
-  and writes a report (markdown and JSON).
+- ``--results LOG [--hw PROFILE] [--report DIR]`` reads a framework's own training
+  log (JSON lines, a CSV with a header, or TensorBoard event files; the
+  configuration in the log, ``--config FILE.toml`` or ``--set KEY=VALUE``), reruns
+  that configuration in refdl over seeds (or exactly, from refdl's exported start),
+  tests the log's statistics against the seeds' with a rule whose false-alarm rate
+  is measured (``scripts/bench_validate.py``), puts its throughput beside refdl's
+  and the performance model's, and writes ``report.md``, ``report.json`` and
+  ``loss.png``.
 
 Examples::
 
@@ -27,6 +31,7 @@ Examples::
     .venv/bin/python -m refdl.validate --framework mxnet --strategy ps --ps-mode sync \
         --workers 2 --model mlp --steps 10
     .venv/bin/python -m refdl.validate --results torch_log.jsonl --hw local --report out/
+    .venv/bin/python -m refdl.validate --results runs/tb/ --config run.toml --report out/
 
 Exit status: 0 passed; 1 a difference exceeded its tolerance; 2 bad input.
 """
@@ -105,9 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", help="a framework's log (CSV or JSONL) to compare with refdl")
     p.add_argument("--hw", default="local", help="hardware profile for --results' prediction")
     p.add_argument("--report", help="with --results: directory for report.md and report.json")
-    p.add_argument("--seeds", type=int, default=5,
+    p.add_argument("--seeds", type=int, default=10,
                    help="with --results: refdl runs per configuration for the statistical "
-                        "comparison (default 5)")  # fmt: skip
+                        "comparison (default 10)")  # fmt: skip
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="with --results: the log's configuration in a TOML file (for CSV and "
+                        "TensorBoard logs; overrides the log's own)")  # fmt: skip
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="with --results: one configuration key (repeatable; wins over "
+                        "--config and the log)")  # fmt: skip
+    p.add_argument(
+        "--scalars",
+        metavar="loss=TAG,...",
+        help="with --results: the CSV columns or TensorBoard tags of loss, "
+        "test_accuracy, samples_per_s, wall_time (default: usual names)",
+    )
+    p.add_argument("--seed-cache", metavar="DIR",
+                   help="with --results: keep refdl's seed runs in DIR and reuse them for the "
+                        "same configuration (the code's hash is part of the key)")  # fmt: skip
     p.add_argument(
         "--export-start",
         metavar="DIR",
@@ -145,6 +165,8 @@ def check_args(args: argparse.Namespace) -> None:
         writable_folder(args.report, "--report")
     if args.export_start:
         writable_folder(args.export_start, "--export-start")
+    if args.seed_cache:
+        writable_folder(args.seed_cache, "--seed-cache")
 
 
 def main(argv: list[str] | None = None) -> int:

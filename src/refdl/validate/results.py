@@ -22,7 +22,6 @@ on this machine, and the performance model's prediction for the declared profile
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 from pathlib import Path
@@ -31,60 +30,22 @@ from typing import Any
 import numpy as np
 
 from refdl import hw as hwmod
-from refdl.config.choices import LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES
 from refdl.config.spec import RunSpec
-from refdl.config.values import Choice, Flag, Float, Int, Text
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
 from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
 from refdl.validate.export import start_of, start_spec
+from refdl.validate.logs import CONFIG_KEYS, INITS, read_log
 
-# What a log may hold, declared with its value type (refdl.config.values).
-ROW_VALUES = {
-    "step": Int(min=0, max=10**9),
-    "loss": Float(),
-    "samples_per_s": Float(min=0.0, min_open=True),
-    "test_accuracy": Float(min=0.0, max=1.0),
-}
-INITS = {"refdl": "lecun_normal", "lecun_normal": "lecun_normal", "torch": "torch",
-         "torch_default": "torch", "keras": "keras", "keras_default": "keras",
-         "glorot_uniform": "keras"}  # fmt: skip
-CONFIG_VALUES = {
-    "model": Text(),
-    "strategy": Text(),
-    "devices": Int(min=1, max=1 << 16),
-    "batch_size": Int(min=1, max=10**7),
-    "optimizer": Choice(OPTIMIZERS),
-    "lr": Float(min=0.0, min_open=True),
-    "momentum": Float(min=0.0, max=1.0, max_open=True),
-    "nesterov": Flag(),
-    "weight_decay": Float(min=0.0),
-    "lr_schedule": Choice(LR_SCHEDULES),
-    "loss": Choice(("cross_entropy", "squared")),
-    "loss_reduction": Choice(("mean", "sum")),
-    "dtype": Choice(("float32", "float16", "bfloat16", "float64")),
-    "init": Choice(tuple(INITS)),
-    "dataset": Text(),
-    "preprocessing": Text(),
-    "data_order": Text(),
-    "seed": Int(min=0, max=2**32 - 1),
-    "microbatches": Int(min=1, max=1 << 16),
-    "schedule": Choice(PIPELINE_SCHEDULES),
-    "steps": Int(min=1, max=10**6),
-    "hw": Text(),
-    "framework": Text(),
-    "framework_version": Text(),
-    "start": Text(),
-    "final_test_accuracy": Float(min=0.0, max=1.0),
-    "final_params": Text(),
-}
-CONFIG_KEYS = tuple(CONFIG_VALUES)
+RATES = Path(__file__).with_name("rates.json")  # written by scripts/bench_validate.py
 # Keys that change results: when a log leaves one out, the report names what refdl assumed.
 ASSUMED = {
     "dataset": "the model's default data set",
     "preprocessing": "refdl's preprocessing of that data set",
+    "split": "the log's own random 80/20 train/test split (refdl's seeds draw theirs at "
+    'random too); declare "split": "refdl" for refdl\'s fixed split',
     "init": "refdl's lecun_normal (the log's framework may draw otherwise)",
     "optimizer": "the model's default optimizer",
     "lr": "the model's default learning rate",
@@ -96,101 +57,44 @@ ASSUMED = {
     "dtype": "float32",
     "batch_size": "64",
 }
-
-
-def read_log(path: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """A framework's log: rows of ``step, loss[, samples_per_s]`` and the configuration,
-    every value checked against ``ROW_VALUES`` / ``CONFIG_VALUES``.
-
-    JSONL: one object per line; a line ``{"config": {...}}`` gives the configuration.
-    CSV: a header with ``step`` and ``loss`` (and optionally ``samples_per_s``); lines
-    starting ``# config:`` carry the configuration as JSON.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--results {path}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--results {path}: cannot read it as UTF-8 text ({e})") from None
-    rows: list[dict[str, Any]] = []
-    config: dict[str, Any] = {}
-    try:
-        if p.suffix in (".jsonl", ".json"):
-            for line in text.splitlines():
-                if not line.strip():
-                    continue
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError(f"a line is not an object: {line[:40]!r}")
-                if "config" in obj:
-                    if not isinstance(obj["config"], dict):
-                        raise ValueError("config must be an object")
-                    config.update(obj["config"])
-                else:
-                    rows.append(obj)
-        elif p.suffix == ".csv":
-            lines = []
-            for line in text.splitlines():
-                if line.startswith("# config:"):
-                    config.update(json.loads(line.split(":", 1)[1]))
-                elif line.strip() and not line.startswith("#"):
-                    lines.append(line)
-            rows = [{k: _number(v) for k, v in r.items() if k and v not in ("", None)}
-                    for r in csv.DictReader(lines)]  # fmt: skip
-        else:
-            raise UsageError(f"--results {path}: give a .csv or .jsonl file")
-    except UsageError:
-        raise
-    except (json.JSONDecodeError, ValueError, AttributeError) as e:
-        raise UsageError(f"--results {path}: cannot parse it ({e})") from None
-    if not rows:
-        raise UsageError(f"--results {path}: no rows of step and loss")
-    for i, row in enumerate(rows, 1):
-        for key in ("step", "loss"):
-            if key not in row:
-                raise UsageError(f"--results {path}: row {i} has no {key}")
-        for key, value in row.items():
-            if key in ROW_VALUES and (problem := ROW_VALUES[key].problem(value)):
-                raise UsageError(f"--results {path}: row {i}: {key} must be {problem}")
-    for key, value in config.items():
-        if key in CONFIG_VALUES and (problem := CONFIG_VALUES[key].problem(value)):
-            raise UsageError(f"--results {path}: configuration {key} must be {problem}")
-    if "model" not in config:
-        raise UsageError(f"--results {path}: the configuration must name the model")
-    rows.sort(key=lambda r: r["step"])
-    return rows, config
+WARMUP = 0.1  # the first tenth of a log's rows is start-up (compilation, caches), not speed
 
 
 def declared(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     """``(assumptions, warnings)``: the result-changing keys the log leaves out (with what
     refdl assumed), and the keys it gives that refdl does not know or cannot honour."""
-    assumptions = [f"{k} not given: assumed {v}" for k, v in ASSUMED.items() if k not in config]
+    skip = {"split"} if config.get("start") else set()  # an exported start is refdl's split
+    assumptions = [
+        f"{k} not given: assumed {v}"
+        for k, v in ASSUMED.items()
+        if k not in config and k not in skip
+    ]
     framework = str(config.get("framework", "")).lower()
-    own = {"torch": "torch_default", "pytorch": "torch_default", "tensorflow": "keras_default",
-           "keras": "keras_default"}.get(framework)  # fmt: skip
+    own = {
+        "torch": "torch_default",
+        "pytorch": "torch_default",
+        "tensorflow": "keras_default",
+        "keras": "keras_default",
+    }.get(framework)
     if "init" not in config and own:
-        assumptions = [a + f"; a {framework} run starts from its framework's own draws unless "
-                       f"it loads other weights: declare \"init\": \"{own}\""
-                       if a.startswith("init ") else a for a in assumptions]  # fmt: skip
-    warnings = [f"unknown configuration key {k!r} (ignored); known: {', '.join(CONFIG_KEYS)}"
-                for k in sorted(set(config) - set(CONFIG_KEYS))]  # fmt: skip
+        assumptions = [
+            a + f"; a {framework} run starts from its framework's own draws unless "
+            f'it loads other weights: declare "init": "{own}"'
+            if a.startswith("init ")
+            else a
+            for a in assumptions
+        ]
+    warnings = [
+        f"unknown configuration key {k!r} (ignored); known: {', '.join(CONFIG_KEYS)}"
+        for k in sorted(set(config) - set(CONFIG_KEYS))
+    ]
     if config.get("dtype", "float32") != "float32":
         warnings.append(f"dtype {config['dtype']}: refdl's reference runs float32")
     if config.get("loss_reduction") == "sum":
-        warnings.append("loss_reduction sum: refdl runs the mean with lr x batch_size "
-                        "(the same SGD steps)")  # fmt: skip
+        warnings.append(
+            "loss_reduction sum: refdl runs the mean with lr x batch_size (the same SGD steps)"
+        )
     return assumptions, warnings
-
-
-def _number(text: str) -> int | float | str:
-    """A CSV cell as an int or a float where it is one (else the text, refused later)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _spec(config: dict[str, Any], steps: int) -> RunSpec:
@@ -205,9 +109,17 @@ def _spec(config: dict[str, Any], steps: int) -> RunSpec:
     if config.get("loss_reduction") == "sum" and "lr" in config:
         kw["lr"] = config["lr"] * int(config.get("batch_size", 64))
     kw["init"] = INITS[config.get("init", "refdl")]
-    return RunSpec(strategy="single", model=config["model"], steps=steps,
-                   batch_size=int(config.get("batch_size", 64)), seed=int(config.get("seed", 0)),
-                   progress=False, **kw)  # fmt: skip
+    # refdl's seeds are 0 .. K-1 whatever the log's seed: the framework's seed draws from
+    # its own generator, so it says nothing about refdl's (and a configuration's seeds are
+    # computed once, --seed-cache).
+    return RunSpec(
+        strategy="single",
+        model=config["model"],
+        steps=steps,
+        batch_size=int(config.get("batch_size", 64)),
+        progress=False,
+        **kw,
+    )
 
 
 def _choose(config: dict[str, Any], steps: int) -> tuple[str, str]:
@@ -231,20 +143,64 @@ def _choose(config: dict[str, Any], steps: int) -> tuple[str, str]:
     )
 
 
-def _throughput(rows: list[dict], config: dict[str, Any], args: argparse.Namespace,
-                refdl_sps: float, spec: RunSpec) -> dict[str, Any]:  # fmt: skip
-    """The framework's samples/s beside refdl's here and the prediction, with a sentence."""
+def steady_rate(rows: list[dict], batch_size: int, kind: str) -> tuple[float | None, str]:
+    """The log's steady-state samples/s and how it was read: the rows after the first
+    tenth (start-up: compilation, caches), per-step figures by their median, cumulative
+    ones (samples so far / time so far) and wall times by samples over time between the
+    first and last steady row."""
+    warm = max(1, int(len(rows) * WARMUP)) if len(rows) > 2 else 0
+    steady = rows[warm:]
+    first = f"steps {steady[0]['step']}-{steady[-1]['step']}" if steady else ""
+    per = [r for r in steady if "samples_per_s" in r]
+    if per and kind == "per_step":
+        return float(statistics.median(r["samples_per_s"] for r in per)), (
+            f"median of the log's per-step samples_per_s over {first} (the first {warm} rows "
+            "dropped as start-up)"
+        )
+    if len(per) >= 2:  # cumulative: elapsed = samples so far / rate so far
+        a, b = per[0], per[-1]
+        ea = (a["step"] + 1) * batch_size / a["samples_per_s"]
+        eb = (b["step"] + 1) * batch_size / b["samples_per_s"]
+        if eb > ea:
+            return (b["step"] - a["step"]) * batch_size / (eb - ea), (
+                f"cumulative samples_per_s turned into samples over time between steps "
+                f"{a['step']} and {b['step']} (start-up excluded)"
+            )
+    timed = [r for r in steady if "wall_time" in r]
+    if len(timed) >= 2 and timed[-1]["wall_time"] > timed[0]["wall_time"]:
+        a, b = timed[0], timed[-1]
+        return (b["step"] - a["step"]) * batch_size / (b["wall_time"] - a["wall_time"]), (
+            f"batch size x steps over the wall time between steps {a['step']} and {b['step']} "
+            "(the logged times; start-up excluded)"
+        )
+    return None, "the log gives no samples/s and no times"
+
+
+def _throughput(
+    rows: list[dict],
+    config: dict[str, Any],
+    args: argparse.Namespace,
+    refdl_sps: float,
+    spec: RunSpec,
+) -> dict[str, Any]:
+    """The framework's steady-state samples/s beside refdl's here and the prediction."""
     hw_name = config.get("hw", args.hw)
     profile = hwmod.load(hw_name)
     devices = int(config.get("devices", 1))
     strategy = config.get("strategy", "single")
     opts = PredictOptions(microbatches=spec.microbatches or 1, schedule=spec.schedule)
-    pred = predict_steps(hw_name, strategy if strategy in ("single", "data") else "single",
-                         spec.model, spec.batch_size, [devices], "strong", opts)[0]  # fmt: skip
-    sps = [r["samples_per_s"] for r in rows if "samples_per_s" in r]
-    theirs = statistics.median(sps) if sps else None
+    pred = predict_steps(
+        hw_name,
+        strategy if strategy in ("single", "data") else "single",
+        spec.model,
+        spec.batch_size,
+        [devices],
+        "strong",
+        opts,
+    )[0]
+    theirs, how = steady_rate(rows, spec.batch_size, config.get("throughput", "per_step"))
     if theirs is None:
-        note = "The log gives no samples/s."
+        note = "The log gives no samples/s and no times."
     else:
         to_pred, to_here = theirs / pred["throughput"], theirs / refdl_sps
         if hw_name == "local":
@@ -259,21 +215,45 @@ def _throughput(rows: list[dict], config: dict[str, Any], args: argparse.Namespa
             )
         else:
             note = f"The framework ran at {to_pred:.2f}x the prediction for {profile.name}; "
-            note += ("plausible for that profile." if 0.2 <= to_pred <= 1.25 else
-                     "faster than the prediction: the declared profile may be wrong."
-                     if to_pred > 1.25 else
-                     "well below the prediction: an input pipeline or synchronisation "
-                     "may bound it, or the hardware differs.")  # fmt: skip
-    return {"framework": theirs, "refdl_here": refdl_sps, "predicted": pred["throughput"],
-            "predicted_hw": profile.name,
-            "framework_vs_predicted": (theirs / pred["throughput"]) if theirs else None,
-            "note": note}  # fmt: skip
+            note += (
+                "plausible for that profile."
+                if 0.2 <= to_pred <= 1.25
+                else "faster than the prediction: the declared profile may be wrong."
+                if to_pred > 1.25
+                else "well below the prediction: an input pipeline or synchronisation "
+                "may bound it, or the hardware differs."
+            )
+    return {
+        "framework": theirs,
+        "how": how,
+        "refdl_here": refdl_sps,
+        "predicted": pred["throughput"],
+        "predicted_hw": profile.name,
+        "framework_vs_predicted": (theirs / pred["throughput"]) if theirs else None,
+        "note": note,
+    }
+
+
+def measured_rates() -> dict[str, Any]:
+    """The statistical rule's error rates as scripts/bench_validate.py measured them, if
+    they were measured for the rule in force (same fingerprint); else an empty record."""
+    try:
+        rates = json.loads(RATES.read_text())
+    except (OSError, ValueError):
+        return {}
+    return rates if rates.get("rule_fingerprint") == statistical.rule_fingerprint() else {}
 
 
 def results_report(args: argparse.Namespace) -> dict[str, Any]:
     """Compare a framework's log with refdl: exactly from an exported start, else over
     seeds (the module docstring); throughput in context; assumptions and warnings."""
-    rows, config = read_log(args.results)
+    log = read_log(
+        args.results,
+        getattr(args, "config", None),
+        getattr(args, "set", None),
+        getattr(args, "scalars", None),
+    )
+    rows, config = log.rows, log.config
     steps = int(config.get("steps", max(int(r["step"]) for r in rows) + 1))
     assumptions, warnings = declared(config)
     comparison, why = _choose(config, steps)
@@ -282,6 +262,8 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
     final_acc = config.get("final_test_accuracy", accs[-1] if accs else None)
     out: dict[str, Any] = {
         "log": str(args.results),
+        "format": log.format,
+        "read": log.notes,
         "config": config,
         "comparison": comparison,
         "why": why,
@@ -304,6 +286,12 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
             loss_max_rel_diff=max(rels) if rels else None,
             loss_max_abs_diff=max((abs(a - b) for _, a, b in compared), default=None),
             loss_rows=[{"step": t, "refdl": a, "framework": b} for t, a, b in compared],
+            margin=tol["loss_rel"] - (max(rels) if rels else 0.0),
+            p_value=None,
+            statistics=[],
+            false_alarm_rate=None,
+            rates_note="the exact comparison's tolerances are fp32 rounding bounds "
+            "(docs/validation.md), not a statistical rule",
         )
         if config.get("final_params"):
             params = _final_params(args.results, config["final_params"])
@@ -313,19 +301,52 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
             if not d["rel_l2"] <= tol["param_rel_l2"]:
                 failed.append("param_rel_l2")
         refdl_sps = spec.batch_size / statistics.median(ref.step_times[1:] or ref.step_times)
-        out.update(tolerance=tol, failed=failed, passed=not failed,
-                   rule="passed when every logged step's |loss difference| is within the "
-                   "tolerance times the larger of refdl's loss at that step and at the first "
-                   "(and the final parameters, when given, within theirs)")  # fmt: skip
+        out.update(
+            tolerance=tol,
+            failed=failed,
+            passed=not failed,
+            rule="passed when every logged step's |loss difference| is within the "
+            "tolerance times the larger of refdl's loss at that step and at the first "
+            "(and the final parameters, when given, within theirs)",
+        )
     else:
         spec = _spec(config, steps)
-        seeds = statistical.seed_runs(spec, args.seeds)
+        resplit = config.get("split", "own") == "own" and _has_split(spec)
+        cache = Path(args.seed_cache) if getattr(args, "seed_cache", None) else None
+        seeds = statistical.seed_runs(spec, args.seeds, cache, resplit)
         stats = statistical.compare(theirs, final_acc, seeds)
         refdl_sps = seeds.samples_per_s
         out.update(stats)
         out["init"] = spec.init
+        out["splits"] = (
+            "refdl's seeds each drew a random 80/20 split, as the log's run did"
+            if resplit
+            else "refdl's fixed split"
+        )
+        window = stats["smoothing_window_steps"]
+        smoothed = np.stack([statistical.smooth(c, window) for c in seeds.losses])
+        out["seed_curves"] = {
+            "mean": smoothed.mean(0).tolist(),
+            "lo": smoothed.min(0).tolist(),
+            "hi": smoothed.max(0).tolist(),
+            "smoothed": window,
+        }
+        rates = measured_rates()
+        out["false_alarm_rate"] = rates.get("false_alarm_rate")
+        out["detection_rate"] = rates.get("detection_rate")
+        out["rates_note"] = (
+            rates.get("note") or "not measured for this rule: run scripts/bench_validate.py"
+        )
     out["samples_per_s"] = _throughput(rows, config, args, refdl_sps, spec)
     return out
+
+
+def _has_split(spec: RunSpec) -> bool:
+    """Whether the spec's data set can draw another train/test split (``split`` option)."""
+    from refdl.core.make import resolve
+    from refdl.data import DATASETS
+
+    return "split" in DATASETS.get(resolve(spec).dataset).options
 
 
 def _final_params(log: str, name: str) -> dict[str, np.ndarray]:
@@ -342,26 +363,38 @@ def summary_line(r: dict[str, Any]) -> str:
     """One line: which comparison, the verdict and its main figure."""
     verdict = "PASSED" if r["passed"] else "FAILED"
     if r["comparison"] == "exact":
-        return (f"{r['log']}: exact comparison, {r['steps_compared']} steps, max relative loss "
-                f"difference {r['loss_max_rel_diff']:.2e} (tolerance "
-                f"{r['tolerance']['loss_rel']:g}): {verdict}")  # fmt: skip
-    first, acc = r["first_departure"], r["final_test_accuracy"]
-    where = ("inside refdl's seed band at every logged step" if first is None else
-             f"leaves refdl's seed band at step {first['step']} ({first['side']}, "
-             f"{abs(first['beyond']):.0%} beyond)"
-             + (f", outside from step {r['outside_from_step']} on"
-                if r["outside_from_step"] is not None else ""))  # fmt: skip
-    acc_text = ("" if acc["framework"] is None else
-                f"; final test accuracy {acc['framework']:.3f} (refdl {acc['refdl_min']:.3f}-"
-                f"{acc['refdl_max']:.3f})")  # fmt: skip
+        return (
+            f"{r['log']}: exact comparison, {r['steps_compared']} steps, max relative loss "
+            f"difference {r['loss_max_rel_diff']:.2e} (tolerance "
+            f"{r['tolerance']['loss_rel']:g}): {verdict}"
+        )
+    parts = []
+    for st in r["statistics"]:
+        if not st.get("logged"):
+            continue
+        mark = " DEPARTS" if st["departs"] else ""
+        parts.append(
+            f"{st['name']} {st['value']:.4g} (refdl {st['refdl_mean']:.4g}, "
+            f"p {st['p_value']:.2g}){mark}"
+        )
+    why = "" if r["passed"] else f" ({', '.join(r['failed'])})"
+    p = r["p_value"]
     return (
-        f"{r['log']}: statistical comparison over {r['seeds']} seeds, {where}{acc_text}: {verdict}"
+        f"{r['log']}: statistical comparison over {r['seeds']} seeds, "
+        f"{'; '.join(parts)}; adjusted p {p:.2g}: {verdict}{why}"
+        if p is not None
+        else f"{r['log']}: statistical comparison over {r['seeds']} seeds: {verdict}{why}"
     )
 
 
 def write_report(r: dict[str, Any], out: Path) -> None:
-    """``report.json`` and ``report.md`` in ``out``."""
+    """``report.json``, ``report.md`` and (statistical) ``loss.png`` in ``out``."""
+    from refdl.validate.plot import loss_plot
+
     out.mkdir(parents=True, exist_ok=True)
+    picture = r["comparison"] == "statistical"
+    if picture:
+        loss_plot(r, out / "loss.png")
     (out / "report.json").write_text(json.dumps(r, indent=2) + "\n")
     s = r["samples_per_s"]
     fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
@@ -369,6 +402,8 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         f"# Validation of `{r['log']}`",
         "",
         f"Configuration: `{json.dumps(r['config'])}`",
+        "",
+        f"Read as {r['format']}" + (": " + "; ".join(r["read"]) if r["read"] else "") + ".",
         "",
         f"**Comparison: {r['comparison']}**, because {r['why']}.",
         "",
@@ -378,6 +413,20 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         summary_line(r),
         "",
     ]
+    if picture:
+        far = r.get("false_alarm_rate")
+        lines += [
+            (
+                "The rule's measured false-alarm rate: "
+                f"{far['rate']:.1%} of {far['n']} healthy runs; "
+                if far
+                else ""
+            )
+            + f"{r['rates_note']}.",
+            "",
+            "![refdl's seeds and the framework's loss](loss.png)",
+            "",
+        ]
     if r["assumptions"]:
         lines += ["Assumed (the log does not say):", "", *[f"- {a}" for a in r["assumptions"]], ""]
     if r["warnings"]:
@@ -385,36 +434,44 @@ def write_report(r: dict[str, Any], out: Path) -> None:
     lines += [
         "| throughput | samples/s |",
         "|---|---|",
-        f"| framework (median of the log) | {fmt(s['framework'])} |",
+        f"| framework (steady state) | {fmt(s['framework'])} |",
         f"| refdl on this machine | {fmt(s['refdl_here'])} |",
         f"| predicted for `{s['predicted_hw']}` | {fmt(s['predicted'])} |",
         "",
-        s["note"],
+        f"{s['note']} The log's figure: {s['how']}.",
         "",
     ]
     if r["comparison"] == "exact":
-        lines += ["| step | refdl loss | framework loss |", "|---:|---:|---:|",
-                  *[f"| {x['step']} | {x['refdl']:.6f} | {x['framework']:.6f} |"
-                    for x in r["loss_rows"]]]  # fmt: skip
-    else:
-        acc, tt = r["final_test_accuracy"], r["time_to_target"]
         lines += [
-            f"Band: {r['band_rule']}, smoothed over {r['smoothing_window_steps']} steps, "
-            f"{r['seeds']} seeds from refdl's `{r['init']}` initialisation.",
+            "| step | refdl loss | framework loss |",
+            "|---:|---:|---:|",
+            *[f"| {x['step']} | {x['refdl']:.6f} | {x['framework']:.6f} |" for x in r["loss_rows"]],
+        ]
+    else:
+        lines += [
+            f"{r['seeds']} seeds from refdl's `{r['init']}` initialisation; {r['splits']}.",
             "",
-            f"- logged steps outside the band: {r['steps_outside_band']} of "
-            f"{r['steps_compared']}; final smoothed loss {fmt(r['final_loss']['framework'])} "
-            f"(refdl mean {r['final_loss']['refdl_mean']:.4g}, band "
-            f"{r['final_loss']['band'][0]:.4g}-{r['final_loss']['band'][1]:.4g})",
-            f"- final test accuracy: {fmt(acc['framework'])} (refdl mean {acc['refdl_mean']:.4f},"
-            f" range {acc['refdl_min']:.4f}-{acc['refdl_max']:.4f}, floor {acc['floor']:.4f}"
-            + (f", z {acc['z']:.2f}" if acc["z"] is not None else "") + ")",
-            f"- steps to loss {tt['target_loss']:.4g} (refdl's mean halfway): framework "
-            f"{fmt(tt['framework_step'])}, refdl {tt['refdl_step']}",
+            "| statistic | framework | refdl mean | refdl range | interval | p | departs |",
+            "|---|---:|---:|---:|---:|---:|---|",
+            *[
+                f"| {st['name']} | {fmt(st.get('value'))} | {fmt(st.get('refdl_mean'))} | "
+                f"{fmt(st.get('refdl_min'))}-{fmt(st.get('refdl_max'))} | "
+                + (f"{st['interval'][0]:.4g}-{st['interval'][1]:.4g}" if "interval" in st else "")
+                + f" | {fmt(st.get('p_value'))} | {'yes' if st['departs'] else 'no'} |"
+                for st in r["statistics"]
+            ],
             "",
-            "| step | framework (smoothed) | band low | band high |",
-            "|---:|---:|---:|---:|",
-            *[f"| {x['step']} | {x['framework']:.4f} | {x['lo']:.4f} | {x['hi']:.4f} |"
-              for x in r["band_rows"]],
-        ]  # fmt: skip
+            f"Adjusted p-value (Bonferroni over {r['statistics_compared']} statistics): "
+            f"{fmt(r['p_value'])}; alpha {r['alpha']}.",
+            "",
+            "Described, not judged: the smoothed curve against the band "
+            f"({r['band_rule']}, window {r['smoothing_window_steps']} steps): "
+            f"{r['steps_outside_band']} of {r['steps_compared']} logged steps outside"
+            + (
+                f", first at step {r['first_departure']['step']} ({r['first_departure']['side']})"
+                if r["first_departure"]
+                else ""
+            )
+            + ".",
+        ]
     (out / "report.md").write_text("\n".join(lines) + "\n")

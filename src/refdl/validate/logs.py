@@ -1,0 +1,324 @@
+"""A framework's training log as users have it: JSON lines, a CSV with a header, or a
+TensorBoard event file (or a folder of them), with the configuration in the file, in a
+TOML file (``--config``) or on the command line (``--set KEY=VALUE``).
+
+Every row value and configuration value is checked against its declared type
+(``ROW_VALUES``, ``CONFIG_VALUES``); a wrong one is a one-line error. Which column or
+tag gave each quantity is stated in ``Log.notes`` (and so in the report): CSV columns and
+TensorBoard tags are found under the names users give them (``NAMES``) or named with
+``--scalars loss=TAG,test_accuracy=TAG,samples_per_s=TAG``.
+
+Nothing in a log is executed: JSON, CSV and TOML are parsed as data, event files with
+``refdl.validate.tfevents``. Input is read only from regular files of at most
+``MAX_BYTES``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from refdl.config.choices import LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES
+from refdl.config.values import Choice, Flag, Float, Int, Text
+from refdl.errors import UsageError
+from refdl.validate.tfevents import event_files, read_event_scalars
+
+MAX_BYTES = 256 << 20
+# What a row may hold, declared with its value type (refdl.config.values); the loss is
+# any number: a diverged run's NaN is a result to judge, not bad input.
+ROW_VALUES = {
+    "step": Int(min=0, max=10**9),
+    "samples_per_s": Float(min=0.0, min_open=True),
+    "test_accuracy": Float(min=0.0, max=1.0),
+    "wall_time": Float(min=0.0),
+}
+# The names users give each quantity, tried in this order (refdl's own TensorBoard tags too).
+NAMES = {
+    "step": ("step", "iteration", "iter", "global_step"),
+    "loss": ("loss", "train/loss", "train_loss", "training_loss", "loss/train"),
+    "test_accuracy": (
+        "test_accuracy",
+        "accuracy",
+        "test/accuracy",
+        "test_acc",
+        "acc/test",
+        "eval/accuracy",
+    ),
+    "samples_per_s": (
+        "samples_per_s",
+        "samples_per_second",
+        "speed/samples_per_second",
+        "throughput",
+        "samples/s",
+    ),
+    "wall_time": ("wall_time", "time", "elapsed_s"),
+}
+INITS = {
+    "refdl": "lecun_normal",
+    "lecun_normal": "lecun_normal",
+    "torch": "torch",
+    "torch_default": "torch",
+    "keras": "keras",
+    "keras_default": "keras",
+    "glorot_uniform": "keras",
+}
+CONFIG_VALUES = {
+    "model": Text(),
+    "strategy": Text(),
+    "devices": Int(min=1, max=1 << 16),
+    "batch_size": Int(min=1, max=10**7),
+    "optimizer": Choice(OPTIMIZERS),
+    "lr": Float(min=0.0, min_open=True),
+    "momentum": Float(min=0.0, max=1.0, max_open=True),
+    "nesterov": Flag(),
+    "weight_decay": Float(min=0.0),
+    "lr_schedule": Choice(LR_SCHEDULES),
+    "loss": Choice(("cross_entropy", "squared")),
+    "loss_reduction": Choice(("mean", "sum")),
+    "dtype": Choice(("float32", "float16", "bfloat16", "float64")),
+    "init": Choice(tuple(INITS)),
+    "dataset": Text(),
+    "preprocessing": Text(),
+    "data_order": Text(),
+    "split": Choice(("refdl", "own")),
+    "seed": Int(min=0, max=2**32 - 1),
+    "microbatches": Int(min=1, max=1 << 16),
+    "schedule": Choice(PIPELINE_SCHEDULES),
+    "steps": Int(min=1, max=10**6),
+    "hw": Text(),
+    "framework": Text(),
+    "framework_version": Text(),
+    "start": Text(),
+    "final_test_accuracy": Float(min=0.0, max=1.0),
+    "final_params": Text(),
+    "throughput": Choice(("per_step", "cumulative")),
+}
+CONFIG_KEYS = tuple(CONFIG_VALUES)
+
+
+@dataclasses.dataclass
+class Log:
+    """A log read and checked: rows sorted by step, the configuration, its format, and
+    what was read from where (stated in the report)."""
+
+    rows: list[dict[str, float]]
+    config: dict[str, Any]
+    format: str
+    notes: list[str]
+
+
+def _text(path: Path, what: str) -> str:
+    """A regular file's text (not a FIFO or device: those would block or never end)."""
+    if not path.is_file():
+        raise UsageError(
+            f"{what} {path}: no such file"
+            if not path.exists()
+            else f"{what} {path}: not a regular file"
+        )
+    if path.stat().st_size > MAX_BYTES:
+        raise UsageError(f"{what} {path}: larger than {MAX_BYTES >> 20} MiB; not a log")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what} {path}: cannot read it as UTF-8 text ({e})") from None
+
+
+def _number(text: str) -> int | float | str:
+    """A CSV cell as an int or a float where it is one (else the text, refused later)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _names(scalars: str | None) -> dict[str, tuple[str, ...]]:
+    """``NAMES`` with ``--scalars loss=TAG,...`` put first."""
+    names = dict(NAMES)
+    for item in filter(None, (scalars or "").split(",")):
+        key, sep, tag = item.partition("=")
+        if not sep or key.strip() not in NAMES or not tag.strip():
+            raise UsageError(
+                f"--scalars {scalars!r}: give QUANTITY=NAME pairs, QUANTITY one "
+                f"of {', '.join(NAMES)}"
+            )
+        names[key.strip()] = (tag.strip(),)
+    return names
+
+
+def _pick(available: list[str], key: str, names: dict[str, tuple[str, ...]]) -> str | None:
+    return next((n for n in names[key] if n in available), None)
+
+
+def _jsonl(text: str, path: Path) -> tuple[list[dict], dict]:
+    rows, config = [], {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError(f"a line is not an object: {line[:40]!r}")
+        if "config" in obj:
+            if not isinstance(obj["config"], dict):
+                raise ValueError("config must be an object")
+            config.update(obj["config"])
+        else:
+            rows.append(obj)
+    return rows, config
+
+
+def _csv(text: str, names: dict, notes: list[str]) -> tuple[list[dict], dict]:
+    config: dict[str, Any] = {}
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("# config:"):
+            config.update(json.loads(line.split(":", 1)[1]))
+        elif line.strip() and not line.startswith("#"):
+            lines.append(line)
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    columns = {key: col for key in NAMES if (col := _pick(header, key, names))}
+    ignored = sorted(set(header) - set(columns.values()))
+    notes.append(
+        "CSV columns: "
+        + ", ".join(f"{k} from {c!r}" for k, c in columns.items())
+        + (f"; ignored: {', '.join(ignored)}" if ignored else "")
+    )
+    rows = []
+    for r in reader:
+        r = {(k or "").strip(): v for k, v in r.items()}
+        rows.append(
+            {key: _number(r[col]) for key, col in columns.items() if r.get(col) not in ("", None)}
+        )
+    return rows, config
+
+
+def _events(path: Path, names: dict, notes: list[str]) -> list[dict]:
+    scalars, dropped = read_event_scalars(path)
+    tags = {
+        key: tag
+        for key in ("loss", "test_accuracy", "samples_per_s")
+        if (tag := _pick(list(scalars), key, names))
+    }
+    if "loss" not in tags:
+        raise UsageError(
+            f"--results {path}: no loss among the event file's scalar tags "
+            f"({', '.join(sorted(scalars)) or 'none'}); name it with "
+            "--scalars loss=TAG"
+        )
+    rows: dict[int, dict[str, float]] = {}
+    for key, tag in tags.items():
+        for s in scalars[tag]:
+            row = rows.setdefault(s.step, {"step": s.step})
+            row[key] = s.value
+            if key == "loss":
+                row["wall_time"] = s.wall_time
+    files = len(event_files(path))
+    notes.append(
+        f"TensorBoard events ({files} file{'s' * (files > 1)}): "
+        + ", ".join(f"{k} from tag {t!r}" for k, t in tags.items())
+        + (f"; {dropped} partial last record dropped" if dropped else "")
+    )
+    return [rows[s] for s in sorted(rows)]
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """A TOML file of configuration keys (``--config``): a flat table, or a ``[config]``."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(_text(p, "--config"))
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise UsageError(f"--config {path}: not valid TOML ({e})") from None
+    data = data.get("config", data)
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: [config] must be a table")
+    return data
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs: VALUE read as JSON where it is one (numbers, true), else
+    as text."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: give KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def read_log(
+    path: str,
+    config_file: str | None = None,
+    sets: list[str] | None = None,
+    scalars: str | None = None,
+) -> Log:
+    """A framework's log (the module docstring), every value checked. The configuration
+    is the file's own, then ``config_file``'s, then ``sets`` (a later one wins)."""
+    p = Path(path)
+    names = _names(scalars)
+    notes: list[str] = []
+    config: dict[str, Any] = {}
+    is_events = p.is_dir() or "tfevents" in p.name
+    if not p.exists():
+        raise UsageError(f"--results {path}: no such file")
+    try:
+        if is_events:
+            fmt, rows = "tensorboard", _events(p, names, notes)
+        elif p.suffix in (".jsonl", ".json"):
+            fmt, (rows, config) = "jsonl", _jsonl(_text(p, "--results"), p)
+        elif p.suffix == ".csv":
+            fmt, (rows, config) = "csv", _csv(_text(p, "--results"), names, notes)
+        else:
+            raise UsageError(
+                f"--results {path}: give a .jsonl or .csv file, or a TensorBoard "
+                "event file or folder"
+            )
+    except UsageError:
+        raise
+    except (json.JSONDecodeError, ValueError, AttributeError, KeyError, RecursionError) as e:
+        raise UsageError(f"--results {path}: cannot parse it ({e})") from None
+    if config_file:
+        config.update(read_config(config_file))
+        notes.append(f"configuration from {config_file}")
+    if sets:
+        config.update(parse_sets(sets))
+        notes.append(f"configuration set on the command line: {', '.join(parse_sets(sets))}")
+    return Log(_checked(rows, path), _checked_config(config, path), fmt, notes)
+
+
+def _checked(rows: list[dict], path: str) -> list[dict]:
+    if not rows:
+        raise UsageError(f"--results {path}: no rows of step and loss")
+    for i, row in enumerate(rows, 1):
+        for key in ("step", "loss"):
+            if key not in row:
+                raise UsageError(f"--results {path}: row {i} has no {key}")
+        loss = row["loss"]
+        if isinstance(loss, bool) or not isinstance(loss, int | float):
+            raise UsageError(f"--results {path}: row {i}: loss must be a number (got {loss!r})")
+        for key, value in row.items():
+            if key in ROW_VALUES and (problem := ROW_VALUES[key].problem(value)):
+                raise UsageError(f"--results {path}: row {i}: {key} must be {problem}")
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def _checked_config(config: dict[str, Any], path: str) -> dict[str, Any]:
+    for key, value in config.items():
+        if key in CONFIG_VALUES and (problem := CONFIG_VALUES[key].problem(value)):
+            raise UsageError(f"--results {path}: configuration {key} must be {problem}")
+    if "model" not in config:
+        raise UsageError(
+            f"--results {path}: the configuration must name the model "
+            "(in the log, --config FILE.toml or --set model=NAME)"
+        )
+    return config
