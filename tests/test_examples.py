@@ -17,10 +17,12 @@ def test_every_example_is_here():
     assert EXAMPLES == ["custom_cost.py", "custom_model.py", "local_sgd.py"]
 
 
+SLOW = ("custom_model.py", "local_sgd.py")  # 10-13 s each on 2 cores (-m slow runs them)
+
+
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "custom_model.py" else n
-             for n in EXAMPLES]
-)  # fmt: skip
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in EXAMPLES]
+)
 def test_example_runs(tmp_path, name):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the example sets it
     proc = subprocess.run(

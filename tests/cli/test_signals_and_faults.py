@@ -52,6 +52,7 @@ def test_sigint_during_start_up_is_one_line_and_no_folder(tmp_path):
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_sigterm_while_training_checkpoints_and_resumes_exactly(tmp_path):
     out = tmp_path / "run"
     proc = start(*MLP, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000",
@@ -107,7 +108,8 @@ def test_kill_9_during_checkpoint_writes_never_breaks_the_resume(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["launch", pytest.param("mpirun-usr1", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 40 s on 2 cores; the single-process signal cases stay in the default run
+@pytest.mark.parametrize("how", ["launch", "mpirun-usr1"])
 def test_sigint_under_mpirun_checkpoints_on_rank_0_and_ends_every_rank(tmp_path, how):
     """``refdl launch`` turns Ctrl-C into SIGUSR1, which mpirun forwards; with plain mpirun,
     SIGUSR1 does the same. Every rank prints one line and exits 130; the checkpoint

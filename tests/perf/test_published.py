@@ -61,6 +61,7 @@ def test_profiles_carry_achieved_figures_with_sources():
     assert hw.load("local").achieved is None  # the CPU profile is its own expectation
 
 
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation():
     """architectures.toml is what fit_steps gives on the calibration part (ResNet-50 is 1,
     no held-out source in it), and a factor divides the expected compute time."""

@@ -86,7 +86,9 @@ def test_small_resnet_loss_falls(tmp_path):
     "model,opts",
     [
         ("lstm_lm", (("hidden", "64"),)),
-        ("transformer", (("d_model", "64"), ("mlp_dim", "128"))),
+        pytest.param(
+            "transformer", (("d_model", "64"), ("mlp_dim", "128")), marks=pytest.mark.slow
+        ),
     ],
 )
 def test_small_language_models_beat_unigram(tmp_path, model, opts):

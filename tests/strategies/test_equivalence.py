@@ -98,7 +98,7 @@ def _id(case):
 # (every mesh axis at once; heads split for the transformer); the rest are slow.
 DEFAULT_FOR_LARGE = {
     "resnet": {"hybrid-devices=8-mesh=data=2,fsdp=2,model=2"},
-    "transformer": {"hybrid-devices=8-mesh=data=2,fsdp=2,model=2", "model-devices=4"},
+    "transformer": {"hybrid-devices=8-mesh=data=2,fsdp=2,model=2"},
     "lstm_lm": {"hybrid-devices=8-mesh=data=2,model=4"},
 }
 SLOW_FOR_LENET = {
@@ -185,7 +185,7 @@ def test_pipeline_other_models(model):
 
 
 DEEP_MLP = (("hidden", "32,32,32,32,32,32"),)  # 8 layers: room for 4 stages x 2 chunks
-SPLIT_DEFAULT = {("zb-h1", 4, 8), ("zbv", 4, 8), ("zbv", 2, 2), ("looped-bfs", 2, 4)}
+SPLIT_DEFAULT = {("zb-h1", 2, 4), ("zbv", 2, 4), ("zbv", 2, 2), ("looped-bfs", 2, 4)}
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ def _fit(tmp_path, name: str, **kw) -> dict:
     return fit(RunSpec(model="mlp", steps=2, out=str(tmp_path / name), **QUIET, **kw))
 
 
-@pytest.mark.parametrize("microbatches", [1, 2])
+@pytest.mark.parametrize("microbatches", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_measured_bytes_equal_each_stage_formula(tmp_path, microbatches):
     """Reduce-scatters and all-gathers in the compiled step send exactly 2, m + 1 and 3m
     times (P - 1) Psi; the rest is the loss's mean (one fp32 all-reduce)."""
@@ -47,7 +47,7 @@ def test_measured_bytes_equal_each_stage_formula(tmp_path, microbatches):
     [
         ("transformer", 3, 2),
         ("lstm_lm", 3, 1),
-        ("resnet", 3, 1),
+        pytest.param("resnet", 3, 1, marks=pytest.mark.slow),
         pytest.param("lenet5", 2, 2, marks=pytest.mark.slow),
         pytest.param("transformer", 2, 2, marks=pytest.mark.slow),
     ],

@@ -371,6 +371,7 @@ def test_mpi_ps_async_and_ssp_reach_the_single_band_and_replay(tmp_path, tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_mpi_decentralized_equals_serial_and_complete_sgd_equals_data(tmp_path, single_short):
     ring = tmp_path / "ring"
     mpi_ok(

@@ -36,10 +36,9 @@ ACCEPTANCE = [
     ("tensorflow", ["--strategy", "single", "--model", "lenet5"], "tf.function"),
     pytest.param("tensorflow", ["--strategy", "data", "--devices", "2", "--model", "mlp"],
                  "MirroredStrategy (2 replicas)", marks=pytest.mark.slow),
-    pytest.param("mxnet", ["--strategy", "single", "--model", "mlp"], "one CPU context",
-                 marks=pytest.mark.slow),
-    ("mxnet", ["--strategy", "ps", "--ps-mode", "sync", "--workers", "2", "--model", "mlp"],
-     "KVStore dist_sync (1 server, 2 workers)"),
+    ("mxnet", ["--strategy", "single", "--model", "mlp"], "one CPU context"),
+    pytest.param("mxnet", ["--strategy", "ps", "--ps-mode", "sync", "--workers", "2", "--model",
+                 "mlp"], "KVStore dist_sync (1 server, 2 workers)", marks=pytest.mark.slow),
 ]  # fmt: skip
 
 
@@ -72,6 +71,7 @@ def test_more_synchronous_runs_equal_refdl(framework, extra):
     assert rc == 0 and r["passed"], r.get("checks")
 
 
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_a_perturbed_start_fails_with_exit_1():
     """The check can fail: 1 % noise on the framework side's initial weights."""
     needs("mxnet")

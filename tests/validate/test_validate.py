@@ -38,7 +38,10 @@ def run_module(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------- adapter
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet", "lstm_lm", "transformer"])
+@pytest.mark.parametrize(
+    "model",
+    ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm", "transformer"],
+)
 def test_converted_model_computes_refdls_forward_pass(model):
     import jax.numpy as jnp
 
@@ -66,7 +69,13 @@ def test_same_padding_puts_the_odd_pixel_high_like_xla():
 
 @pytest.mark.parametrize(
     "model",
-    ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm", "transformer"],
+    [
+        "mlp",
+        "lenet5",
+        pytest.param("resnet", marks=pytest.mark.slow),
+        "lstm_lm",
+        pytest.param("transformer", marks=pytest.mark.slow),
+    ],
 )
 def test_validate_single_passes_for_each_model(model):
     r = V.validate(_args(strategy="single", model=model, steps=3))
@@ -95,6 +104,7 @@ def test_validate_pipelining_matches_refdl_pipeline():
     assert r["checks"]["param_rel_l2"] < 1e-6
 
 
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_perturbed_pytorch_side_fails_with_a_readable_report():
     proc = run_module("refdl.validate", "--strategy", "single", "--model", "mlp", "--steps", "3",
                       "--perturb", "1e-3")  # fmt: skip
@@ -302,6 +312,7 @@ def test_bench_compare_refuses_unknown_frameworks():
     assert bad.returncode == 2 and "--frameworks" in bad.stderr
 
 
+@pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_bench_compare_times_refdl_as_the_loop_waits():
     """--sync-every 3 over 7 steps: the first step alone, then two windows of 3, each step
     carrying its window's mean; single-device PyTorch runs in a process of its own."""
