@@ -32,7 +32,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
-from refdl.perf import PredictOptions, architectures
+from refdl.perf import PredictOptions, architectures, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
@@ -144,6 +144,7 @@ def predict_steps(
                 "workers": w,
                 "global_batch": batch,
                 "step_time_s": c.step_time_s,
+                **_step_interval(profile, precision, c.step_time_s),
                 "bound_step_time_s": other["bound"],
                 "step_time_no_overlap_s": other["no_overlap"],
                 "step_time_full_overlap_s": other["full_overlap"],
@@ -162,6 +163,25 @@ def predict_steps(
         for r in rows:
             r["note"] = note
     return rows
+
+
+def _step_interval(profile: Any, precision: str, t: float) -> dict[str, float | None]:
+    """``step_time_low_s`` / ``step_time_high_s``: the stated 80 % interval of a step
+    time (``refdl.perf.intervals``; wider where the device's figure is borrowed)."""
+    borrowed = profile.device is None or profile.borrowed_device(profile.dtype_for(precision))
+    iv = intervals.time_interval("step", t, borrowed)
+    return {"step_time_low_s": iv[0] if iv else None, "step_time_high_s": iv[1] if iv else None}
+
+
+def _collective_interval(profile: Any, library: str | None, workers: int, t: float) -> dict:
+    """``time_low_s`` / ``time_high_s``: the stated 80 % interval of a collective's time."""
+    multi = workers > profile.devices_per_node and "inter" in profile.links
+    level = (
+        "inter" if multi else ("intra" if "intra" in profile.links else next(iter(profile.links)))
+    )
+    borrowed = profile.borrowed_link(library or profile.default_library(), level)
+    iv = intervals.time_interval("collective", t, borrowed)
+    return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None}
 
 
 def collective_pair(
@@ -232,6 +252,7 @@ def predict_collective(
                 "workers": w,
                 "bytes": n,
                 "time_s": t,
+                **_collective_interval(profile, library, w, t),
                 "bound_time_s": bound,
                 "algbw": algbw,
                 "busbw": busbw,
@@ -324,12 +345,14 @@ def _step_main(argv: list[str]) -> int:
         f"{rows[0]['params'] / 1e6:.2f} M parameters)"
     )
     print(
-        f"{'P':>5s} {'batch':>6s} {'step ms':>9s} {'bound':>9s} {'compute':>9s} {'comm':>9s} "
+        f"{'P':>5s} {'batch':>6s} {'step ms [80 % interval]':>26s} {'bound':>9s} {'compute':>9s} "
+        f"{'comm':>9s} "
         f"{'bubble':>8s} {'samples/s':>10s} {'speedup':>8s} {'eff':>6s} {'mem GB':>7s}"
     )
     for r in rows:
         print(
-            f"{r['workers']:5d} {r['global_batch']:6d} {r['step_time_s'] * 1e3:9.3f} "
+            f"{r['workers']:5d} {r['global_batch']:6d} "
+            f"{_with_interval(r['step_time_s'], r['step_time_low_s'], r['step_time_high_s']):>26s} "
             f"{r['bound_step_time_s'] * 1e3:9.3f} "
             f"{r['compute_s'] * 1e3:9.3f} {r['comm_s'] * 1e3:9.3f} {r['bubble_s'] * 1e3:8.3f} "
             f"{r['throughput']:10.1f} {r['speedup']:8.2f} {r['efficiency']:6.2f} "
@@ -338,6 +361,13 @@ def _step_main(argv: list[str]) -> int:
     if "note" in rows[0]:
         print(f"note: {rows[0]['note']}")
     return 0
+
+
+def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3) -> str:
+    """``time [low, high]`` in milliseconds (the time alone where no interval is fitted)."""
+    if lo is None or hi is None:
+        return f"{t * 1e3:.{digits}f}"
+    return f"{t * 1e3:.{digits}f} [{lo * 1e3:.{digits}f}, {hi * 1e3:.{digits}f}]"
 
 
 def _ints(text: str) -> list[int]:
@@ -402,11 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=1))
     else:
-        print(f"{'workers':>8s} {'time (ms)':>12s} {'bound (ms)':>12s} {'algbw (GB/s)':>14s} "
-              f"{'busbw (GB/s)':>14s}")  # fmt: skip
+        print(f"{'workers':>8s} {'time ms [80 % interval]':>30s} {'bound (ms)':>12s} "
+              f"{'algbw (GB/s)':>14s} {'busbw (GB/s)':>14s}")  # fmt: skip
         for r in rows:
+            iv = _with_interval(r["time_s"], r["time_low_s"], r["time_high_s"], 4)
             print(
-                f"{r['workers']:8d} {r['time_s'] * 1e3:12.4f} {r['bound_time_s'] * 1e3:12.4f} "
+                f"{r['workers']:8d} {iv:>30s} {r['bound_time_s'] * 1e3:12.4f} "
                 f"{r['algbw'] / 1e9:14.2f} "
                 f"{r['busbw'] / 1e9:14.2f}"
             )

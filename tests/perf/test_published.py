@@ -4,6 +4,7 @@ expected / bound pair, and the held-out errors of ``refdl bench published``."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tomllib
@@ -175,6 +176,72 @@ def test_bench_published_held_out_errors_and_no_point_beats_its_bound(bench_json
     assert bench_json["violations"] == []
     skipped = [p for p in bench_json["points"] if "skipped" in p]
     assert skipped and all(p["skipped"] for p in skipped)
+
+
+def test_stated_80_percent_intervals_hold_on_held_out_points(bench_json):
+    """Issue 37 item 1: every predicted point carries an interval fitted on the
+    calibration part; on the held-out part it holds at least 80 % of the time."""
+    for kind in ("collective", "step", "scaling"):
+        h = bench_json["heldout"][kind]
+        assert h["coverage"] >= 0.8, (kind, h)
+        inside = [p["inside"] for p in bench_json["points"]
+                  if p["part"] == "heldout" and p["kind"] == kind and "low" in p]  # fmt: skip
+        assert len(inside) == h["n"] and h["coverage"] == sum(inside) / len(inside)
+        assert h["median_interval_width"] > (1.0 if kind != "scaling" else 0.0)
+    for p in bench_json["points"]:
+        if "low" in p:
+            assert p["low"] <= p["predicted"] <= p["high"]
+    # borrowed links get wider intervals than fitted ones
+    col = [p for p in bench_json["points"] if p["kind"] == "collective" and "low" in p]
+    own = [p["high"] / p["low"] for p in col if not p["borrowed"]]
+    lent = [p["high"] / p["low"] for p in col if p["borrowed"]]
+    assert own and lent and min(lent) > max(own)
+
+
+def test_conformal_bounds_cover_a_new_draw_at_least_the_level():
+    import numpy as np
+
+    from refdl.bench.published import conformal
+
+    x = list(range(15))
+    assert conformal(x) == (0, 14)  # n = 15: the extremes, (15 - 1) / 16 = 87.5 %
+    assert conformal(list(range(93))) == (8, 84)  # the 9th and 85th smallest
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(4000):
+        draws = rng.standard_t(3, size=16)  # heavy tails: no normality assumed
+        lo, hi = conformal(list(draws[:15]))
+        hits += lo <= draws[15] <= hi
+    assert 0.84 <= hits / 4000 <= 0.91  # (n - 1) / (n + 1) = 0.875
+
+
+def test_intervals_are_the_calibration_fit_and_predict_states_them():
+    """intervals.toml is what scripts/fit_intervals.py makes of the calibration part (the
+    held-out part is not read), and predict prints and returns the interval."""
+    from refdl.bench.published import evaluate, fit_intervals, load
+    from refdl.perf import intervals
+    from refdl.predict import predict_collective, predict_steps
+
+    points, _ = load()
+    calibration = [p for p in points if p.part == "calibration"]
+    fits = fit_intervals(evaluate(calibration), calibration)
+    for kind, v in fits.items():
+        for key, x in v.items():
+            assert intervals.table()[kind][key] == pytest.approx(x, rel=1e-5), (kind, key)
+    assert fits["step"]["points"] >= 10 and fits["collective"]["points"] >= 50
+    row = predict_steps("p100-nvlink", "single", "resnet50", 64, [1])[0]
+    lo, hi = row["step_time_low_s"], row["step_time_high_s"]
+    t = row["step_time_s"]
+    q = intervals.table()["step"]
+    assert lo == pytest.approx(t * math.exp(q["log_q10"])) and hi == pytest.approx(
+        t * math.exp(q["log_q90"]))  # fmt: skip
+    own = predict_collective("a100-nvlink", "allreduce", "ring", 1 << 26, [8])[0]
+    lent = predict_collective("p100-nvlink", "allreduce", "ring", 1 << 26, [8])[0]
+    assert own["time_high_s"] / own["time_low_s"] < lent["time_high_s"] / lent["time_low_s"]
+    out = subprocess.run([sys.executable, "-m", "refdl.predict", "--hw", "p100-nvlink",
+                          "--strategy", "single", "--model", "resnet50", "--workers", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert f"[{lo * 1e3:.3f}, {hi * 1e3:.3f}]" in out.stdout, out.stdout
 
 
 def _gpu_rows():

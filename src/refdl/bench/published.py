@@ -32,6 +32,7 @@ from typing import Any
 
 from refdl import hw
 from refdl.errors import UsageError
+from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
 
 PROG = "refdl.bench published"
@@ -212,8 +213,27 @@ def _base(p: Point, points: list[Point]) -> Point | None:
     return min(same, key=lambda q: (q.workers, q.index), default=None)
 
 
+def borrowed(p: Point, profile) -> bool:
+    """Whether the achieved figure a point's prediction rests on is borrowed (its link's
+    or its device's; ``HardwareProfile.borrowed_link`` / ``borrowed_device``)."""
+    if p.kind == "collective":
+        return profile.borrowed_link(_library(p, profile), _level(p, profile))
+    return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
+
+
+def _interval(row: dict[str, Any], kind: str, is_borrowed: bool) -> None:
+    """The stated interval of a predicted row, and whether the published value is in it."""
+    if kind == "scaling":
+        iv = intervals.efficiency_interval(row["predicted"])
+    else:
+        iv = intervals.time_interval(kind, row["predicted"], is_borrowed)
+    if iv is not None:
+        row.update(low=iv[0], high=iv[1], borrowed=is_borrowed,
+                   inside=iv[0] <= row["published"] <= iv[1])  # fmt: skip
+
+
 def evaluate(points: list[Point]) -> list[dict[str, Any]]:
-    """Every point predicted (or the reason it is not)."""
+    """Every point predicted (or the reason it is not), with its stated interval."""
     out = []
     for p in points:
         row: dict[str, Any] = {"index": p.index, "source": p.source, "part": p.part,
@@ -229,6 +249,7 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
                 t, bound = collective_times(p, profile)
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
+                _interval(row, "collective", borrowed(p, profile))
             elif p.kind == "step":
                 t_pub = published_time(p)
                 t, bound = step_times(p)
@@ -236,6 +257,7 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
                 err = t_pub / t - 1 if p.metric == "samples_per_s" else t / t_pub - 1
                 row.update(published=t_pub, predicted=t, bound=bound, error=err,
                            faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
+                _interval(row, "step", borrowed(p, hw.load(p.hw)))
             else:
                 if p.metric == "efficiency":
                     base_w, pub = 1, p.value
@@ -253,6 +275,7 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
                                base_workers=base_w, error=e["expected"] - pub,
                                bound=e["bound"],
                                faster_than_bound=pub > e["bound"] + SCALING_NOISE)  # fmt: skip
+                    _interval(row, "scaling", False)
         except UsageError as e:
             reason = str(e)
         if reason:
@@ -269,13 +292,72 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for kind in ("collective", "step", "scaling"):
             errs = [abs(r["error"]) for r in rows
                     if r["part"] == part and r["kind"] == kind and "error" in r]  # fmt: skip
+            stated = [r for r in rows if r["part"] == part and r["kind"] == kind and "low" in r]
             out[part][kind] = {
                 "n": len(errs),
                 "median_abs_error": median(errs) if errs else None,
                 "max_abs_error": max(errs) if errs else None,
+                **coverage(stated, kind),
             }
     out["violations"] = [r["index"] for r in rows if r.get("faster_than_bound")]
     out["skipped"] = sum(1 for r in rows if "skipped" in r)
+    return out
+
+
+def coverage(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The share of ``rows`` whose published value is inside their stated interval, and
+    the interval's median width (high / low for times; points for efficiencies); the
+    same for the rows whose figures were borrowed."""
+    if not rows:
+        return {"coverage": None, "median_interval_width": None}
+
+    def width(r: dict[str, Any]) -> float:
+        return r["high"] - r["low"] if kind == "scaling" else r["high"] / r["low"]
+
+    lent = [r for r in rows if r.get("borrowed")]
+    return {
+        "coverage": sum(r["inside"] for r in rows) / len(rows),
+        "median_interval_width": median(width(r) for r in rows),
+        "borrowed": {"n": len(lent),
+                     "coverage": sum(r["inside"] for r in lent) / len(lent) if lent else None},
+    }  # fmt: skip
+
+
+def conformal(residuals: list[float], level: float = 0.8) -> tuple[float, float]:
+    """The split-conformal bounds of a ``level`` interval from ``n`` residuals: the
+    floor((n+1)(1-level)/2)-th and ceil((n+1)(1+level)/2)-th smallest (1-based), so a new
+    exchangeable residual falls between them with probability >= level whatever their
+    distribution (plain 10th/90th percentiles of 15 residuals cover only ~70 %)."""
+    x = sorted(residuals)
+    n = len(x)
+    lo = math.floor((n + 1) * (1 - level) / 2)
+    hi = math.ceil((n + 1) * (1 + level) / 2)
+    return (x[lo - 1] if lo >= 1 else -math.inf), (x[hi - 1] if hi <= n else math.inf)
+
+
+def fit_intervals(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, dict]:
+    """Per kind, from the calibration part's predictions only: the conformal 80 % bounds
+    (``conformal``) of log(published / predicted) (times; steps predicted leaving their
+    source out of the fit, ``step_cv_residuals``) or published - predicted (scaling),
+    and for borrowed figures half the log-range of the fitted figures they are borrowed
+    from (collectives: the fitted links' fractions; steps: the fitted device fractions)."""
+    out: dict[str, dict] = {}
+    for kind in ("collective", "step", "scaling"):
+        cal = [r for r in rows if r["part"] == "calibration" and r["kind"] == kind
+               and "predicted" in r]  # fmt: skip
+        if kind == "scaling":
+            lo, hi = conformal([r["published"] - r["predicted"] for r in cal])
+            out[kind] = {"q10": lo, "q90": hi, "points": len(cal)}
+            continue
+        res = [math.log(r["published"] / r["predicted"]) for r in cal]
+        if kind == "step":  # out of sample: the fit's own residuals are too kind
+            res = step_cv_residuals(points)
+        lo, hi = conformal(res)
+        out[kind] = {"log_q10": lo, "log_q90": hi, "points": len(res)}
+    fracs = [v["fraction"] for v in fit_links(points).values()]
+    out["collective"]["borrowed_log_spread"] = 0.5 * math.log(max(fracs) / min(fracs))
+    devs = [v["fraction"] for v in fit_steps(points)[0].values()]
+    out["step"]["borrowed_log_spread"] = 0.5 * math.log(max(devs) / min(devs))
     return out
 
 
@@ -320,15 +402,9 @@ def fit_links(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]
 REFERENCE_MODEL = "resnet50"  # the architecture whose factor is 1 (refdl.perf.architectures)
 
 
-def fit_steps(
-    points: list[Point], iterations: int = 200
-) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Fit the calibration part's single-device steps as ``time = FLOPs / (peak x
-    fraction[device, op class, dtype] x factor[model])``: least squares in log space,
-    alternating between the two factors, ResNet-50's factor 1. Only convolutional
-    models get a factor (a GEMM-class device fraction is fitted on its models alone).
-    Returns (per device key: fraction, points, sources; per model: factor, points,
-    sources)."""
+def _step_rows(points: list[Point]) -> list[tuple]:
+    """The calibration part's single-device steps as (device key, model or None, log of
+    the achieved fraction of peak, point)."""
     from refdl.perf.model_cost import model_cost
 
     rows = []
@@ -342,6 +418,11 @@ def fit_steps(
         achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * published_time(p))
         model = p.model if m.op_class == "conv" else None
         rows.append(((profile.device.name, m.op_class, dtype), model, math.log(achieved), p))
+    return rows
+
+
+def _alternate(rows: list[tuple], iterations: int = 200) -> tuple[dict, dict]:
+    """Log device fractions and architecture factors by alternating least squares."""
     dev: dict[tuple[str, str, str], float] = {}
     arch: dict[str, float] = {}
 
@@ -357,6 +438,35 @@ def fit_steps(
         arch = mean_by(lambda r: r[1], lambda r, d=dev: r[2] - d[r[0]])
         ref = arch.get(REFERENCE_MODEL, 0.0)  # ResNet-50 is 1: shift its log into dev
         arch = {k: v - ref for k, v in arch.items()}
+    return dev, arch
+
+
+def step_cv_residuals(points: list[Point]) -> list[float]:
+    """log(published / predicted) step times of the calibration part, each source
+    predicted by the fit without it (leave one source out): the error a new source's
+    step sees, which the fit's own residuals understate. A point whose device or model
+    has no other source is left out (nothing to predict it from)."""
+    rows = _step_rows(points)
+    out = []
+    for source in sorted({r[3].source for r in rows}):
+        dev, arch = _alternate([r for r in rows if r[3].source != source])
+        for key, model, log_achieved, _p in (r for r in rows if r[3].source == source):
+            if key in dev and (model is None or model in arch):
+                out.append(dev[key] + arch.get(model, 0.0) - log_achieved)
+    return out
+
+
+def fit_steps(
+    points: list[Point], iterations: int = 200
+) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Fit the calibration part's single-device steps as ``time = FLOPs / (peak x
+    fraction[device, op class, dtype] x factor[model])``: least squares in log space,
+    alternating between the two factors, ResNet-50's factor 1. Only convolutional
+    models get a factor (a GEMM-class device fraction is fitted on its models alone).
+    Returns (per device key: fraction, points, sources; per model: factor, points,
+    sources)."""
+    rows = _step_rows(points)
+    dev, arch = _alternate(rows, iterations)
     devices = {
         k: {"fraction": min(1.0, math.exp(v)),
             "points": sum(1 for r in rows if r[0] == k),
@@ -406,11 +516,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**s, "points": rows}, indent=1))
         return 0
     print(f"{len(rows)} published points, {s['skipped']} not predicted (see --json)")
-    print(f"{'part':12s} {'kind':11s} {'n':>4s} {'median |err|':>13s} {'max |err|':>11s}")
+    print(f"{'part':12s} {'kind':11s} {'n':>4s} {'median |err|':>13s} {'max |err|':>11s} "
+          f"{'80 % interval holds':>20s} {'median width':>13s}")  # fmt: skip
     for part in ("calibration", "heldout"):
         for kind, v in s[part].items():
             pct = kind != "scaling"
+            cov, w = v["coverage"], v["median_interval_width"]
+            width = "-" if w is None else (f"{100 * w:.1f} pts" if not pct else f"x{w:.2f}")
             print(f"{part:12s} {kind:11s} {v['n']:4d} {_fmt(v['median_abs_error'], pct):>13s} "
-                  f"{_fmt(v['max_abs_error'], pct):>11s}")  # fmt: skip
+                  f"{_fmt(v['max_abs_error'], pct):>11s} "
+                  f"{'-' if cov is None else f'{100 * cov:.0f} %':>20s} {width:>13s}")  # fmt: skip
     print(f"points faster than their bound: {len(s['violations'])} {s['violations'] or ''}")
     return 0

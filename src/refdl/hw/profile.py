@@ -123,6 +123,22 @@ class HardwareProfile:
         """The communication library predictions assume unless told (``--library``)."""
         return self.achieved.library if self.achieved else "nccl"
 
+    def borrowed_link(self, library: str, level: str) -> bool:
+        """Whether the achieved figures of ``library`` on ``level`` are borrowed: none of
+        this link's own collectives was fitted (``scripts/fit_achieved.py`` then writes
+        the median of fitted links, its source starting "no ..."), or there are none."""
+        a = self.achieved
+        link = a.links.get(library, {}).get(level) if a else None
+        return link is None or link.source.startswith("no ")
+
+    def borrowed_device(self, dtype: str) -> bool:
+        """Whether no achieved device fraction of ``dtype`` (or its 16-bit twin) was fitted
+        for this device: the expectation then rests on another dtype's, or on peaks."""
+        if self.achieved is None:
+            return True
+        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
+        return not any(k in t for t in self.achieved.fractions.values() for k in (dtype, alias))
+
     def need_device(self) -> DeviceSpec:
         """The device, or a usage error naming a profile that describes a network alone."""
         if self.device is None:

@@ -1,0 +1,57 @@
+"""Prediction intervals: how far a prediction is from what was measured, stated with it.
+
+A prediction's error on the published data set's **calibration** part (the part the
+profiles' achieved figures were fitted to, never the held-out one) gives, per kind of
+prediction, split-conformal 80 % bounds ``q10, q90`` of ``log(measured / predicted)``
+(times of collectives and steps; steps predicted by a fit that leaves their source out)
+or of ``measured - predicted`` (scaling efficiencies, in points): order statistics
+chosen so a new exchangeable error falls between them with probability >= 0.8. The
+stated interval of a new prediction ``t`` is ``[t e^q10, t e^q90]``.
+Where the figure a prediction rests on is **borrowed** - a link whose achieved figures
+are the median of other fitted links because none of its own collectives was in the
+calibration part, or a device with no achieved fraction for the dtype - the interval
+is widened on both sides by half the log-range of the fitted figures it was borrowed
+from (how far apart the links it could have been are). ``refdl bench published``
+measures the intervals' coverage and width on the held-out points.
+
+``intervals.toml`` is written by ``scripts/fit_achieved.py`` from the calibration part.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+PATH = Path(__file__).with_name("intervals.toml")
+LEVEL = 0.8  # the stated coverage
+KINDS = ("collective", "step", "scaling")
+
+
+@functools.cache
+def table() -> dict[str, Any]:
+    """``intervals.toml``'s per-kind quantiles (empty when it was never fitted)."""
+    try:
+        return tomllib.loads(PATH.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def time_interval(kind: str, t: float, borrowed: bool = False) -> tuple[float, float] | None:
+    """The stated interval of a predicted time ``t`` of ``kind`` (collective or step),
+    or None when no interval was fitted for that kind."""
+    q = table().get(kind)
+    if not q:
+        return None
+    widen = q.get("borrowed_log_spread", 0.0) if borrowed else 0.0
+    return t * math.exp(q["log_q10"] - widen), t * math.exp(q["log_q90"] + widen)
+
+
+def efficiency_interval(e: float) -> tuple[float, float] | None:
+    """The stated interval of a predicted scaling efficiency ``e`` (points added)."""
+    q = table().get("scaling")
+    if not q:
+        return None
+    return max(0.0, e + q["q10"]), e + q["q90"]
