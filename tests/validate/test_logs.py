@@ -249,3 +249,22 @@ def test_bench_validate_small_healthy_pass_and_every_bug_fails(tmp_path, framewo
         assert v["k"] == v["n"] == 1, bug
         assert v["caught_by"], bug  # the reason is named
     assert "| healthy" in (tmp_path / "bench_validate.md").read_text()
+
+
+def test_throughput_on_a_published_profile_is_judged_by_the_prediction_s_interval(tmp_path):
+    from refdl.predict import predict_steps
+
+    row = predict_steps("p100-nvlink", "single", "mlp", 64, [1])[0]
+    notes = {}
+    for name, factor in (("inside", 1.0), ("fast", 10.0), ("slow", 0.1)):
+        log = tmp_path / f"{name}.jsonl"
+        config = {"model": "mlp", "steps": 20, "hw": "p100-nvlink", "init": "torch_default"}
+        rows = [{"step": t, "loss": 2.3 - 0.05 * t, "samples_per_s": row["throughput"] * factor}
+                for t in range(20)]  # fmt: skip
+        log.write_text("\n".join(json.dumps(x) for x in [{"config": config}, *rows]) + "\n")
+        _, r = report(log, tmp_path, "--seeds", "2")
+        notes[name] = r["samples_per_s"]["note"]
+        assert r["samples_per_s"]["framework"] == pytest.approx(row["throughput"] * factor)
+    assert "within what the profile's own uncertainty allows" in notes["inside"]
+    assert "the declared profile may be wrong" in notes["fast"]
+    assert "below what the prediction allows" in notes["slow"]

@@ -214,14 +214,23 @@ def _throughput(
                 else "far from refdl's here: was it measured on other hardware than declared?"
             )
         else:
-            note = f"The framework ran at {to_pred:.2f}x the prediction for {profile.name}; "
+            # the prediction's own uncertainty: its stated 80 % step-time interval, as
+            # samples/s (refdl.perf.intervals); faster than the bound is never plausible
+            fast = spec.batch_size / (pred["step_time_low_s"] or pred["bound_step_time_s"])
+            slow = spec.batch_size / (pred["step_time_high_s"] or pred["step_time_s"])
+            fast = min(fast, spec.batch_size / pred["bound_step_time_s"])
+            note = (
+                f"The framework ran at {to_pred:.2f}x the prediction for {profile.name} "
+                f"(its 80 % interval: {slow / pred['throughput']:.2f}-"
+                f"{fast / pred['throughput']:.2f}x); "
+            )
             note += (
-                "plausible for that profile."
-                if 0.2 <= to_pred <= 1.25
-                else "faster than the prediction: the declared profile may be wrong."
-                if to_pred > 1.25
-                else "well below the prediction: an input pipeline or synchronisation "
-                "may bound it, or the hardware differs."
+                "within what the profile's own uncertainty allows."
+                if slow <= theirs <= fast
+                else "faster than the prediction allows: the declared profile may be wrong."
+                if theirs > fast
+                else "below what the prediction allows: an input pipeline or "
+                "synchronisation may bound it, or the hardware differs."
             )
     return {
         "framework": theirs,
