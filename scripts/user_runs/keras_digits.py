@@ -14,14 +14,13 @@ declares the documented configuration.
 """
 
 import argparse
-import csv
-import json
 import os
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
+import logfiles  # beside this script
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
@@ -38,7 +37,7 @@ ap.add_argument("--formats", default="jsonl", help="any of jsonl, csv, tb (comma
 args = ap.parse_args()
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-BATCH, LR, MOMENTUM = 64, 0.05, 0.9
+BATCH, LR, MOMENTUM = logfiles.BATCH, logfiles.LR, logfiles.MOMENTUM
 
 
 def make_model(name: str) -> keras.Model:
@@ -129,49 +128,13 @@ def one_run(seed: int) -> None:
     logits = model(x[te], training=False)
     accuracy = float(np.mean(np.argmax(logits, -1) == y[te]))
     rows[-1]["test_accuracy"] = accuracy
-    config = {
-        "framework": "tensorflow",
-        "framework_version": tf.__version__,
-        "model": args.model,
-        "dataset": "digits",
-        "preprocessing": "pixels / 16",
-        "init": "keras_default",
-        "data_order": {"shuffle": "reshuffled epochs", "replacement": "random with replacement"}[
-            args.sampler
-        ],
-        "optimizer": "momentum",
-        "momentum": MOMENTUM,
-        "nesterov": False,
-        "weight_decay": 0.0,
-        "lr": LR,
-        "lr_schedule": "constant",
-        "loss": "cross_entropy",
-        "loss_reduction": "mean",
-        "dtype": "float32",
-        "batch_size": BATCH,
-        "steps": args.steps,
-        "hw": "local",
-        "seed": seed,
-    }
+    config = logfiles.declared(
+        "tensorflow", tf.__version__, args.model, "keras_default", args.sampler, args.steps, seed
+    )
     name = f"keras-{args.model}-{args.sampler}-{args.bug or 'healthy'}-s{seed}"
     out = Path(args.out)
     formats = args.formats.split(",")
-    if "jsonl" in formats:
-        with open(out / f"{name}.jsonl", "w") as f:
-            f.write(json.dumps({"config": config}) + "\n")
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    if "csv" in formats or "tb" in formats:
-        (out / f"{name}.toml").write_text(
-            "".join(
-                f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
-                for k, v in config.items()
-            )
-        )
-    if "csv" in formats:
-        with open(out / f"{name}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["step", "loss", "samples_per_s", "test_accuracy"])
-            w.writeheader()
-            w.writerows(rows)
+    logfiles.write(out, name, config, rows, formats)
     if "tb" in formats:
         writer = tf.summary.create_file_writer(str(out / f"{name}.tb"))
         with writer.as_default():

@@ -16,12 +16,11 @@ still declares the documented configuration, as a buggy script's log would.
 """
 
 import argparse
-import csv
-import json
 import sys
 import time
 from pathlib import Path
 
+import logfiles  # beside this script
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
@@ -39,7 +38,7 @@ ap.add_argument("--formats", default="jsonl", help="any of jsonl, csv, tb (comma
 ap.add_argument("--start", help="a folder written by refdl validate --export-start")
 args = ap.parse_args()
 torch.set_num_threads(1)
-BATCH, LR, MOMENTUM = 64, 0.05, 0.9
+BATCH, LR, MOMENTUM = logfiles.BATCH, logfiles.LR, logfiles.MOMENTUM
 
 
 def make_model(name: str) -> nn.Module:
@@ -137,57 +136,26 @@ def one_run(seed: int) -> None:
     with torch.no_grad():
         accuracy = float((model(x_test).argmax(-1) == y_test).float().mean())
     rows[-1]["test_accuracy"] = accuracy
-    config = {
-        "framework": "torch",
-        "framework_version": torch.__version__,
-        "model": args.model,
-        "dataset": "digits",
-        "preprocessing": "pixels / 16",
-        "init": "refdl" if args.start else "torch_default",
-        "data_order": "refdl"
-        if args.start
-        else {"shuffle": "reshuffled epochs", "replacement": "random with replacement"}[
-            args.sampler
-        ],
-        "optimizer": "momentum",
-        "momentum": MOMENTUM,
-        "nesterov": False,
-        "weight_decay": 0.0,
-        "lr": LR,
-        "lr_schedule": "constant",
-        "loss": "cross_entropy",
-        "loss_reduction": "mean",
-        "dtype": "float32",
-        "batch_size": BATCH,
-        "steps": args.steps,
-        "hw": "local",
-        "seed": seed,
-    }
+    config = logfiles.declared(
+        "torch",
+        torch.__version__,
+        args.model,
+        "refdl" if args.start else "torch_default",
+        args.sampler,
+        args.steps,
+        seed,
+    )
     name = f"torch-{args.model}-{args.sampler}-{args.bug or 'healthy'}-s{seed}"
     out = Path(args.out)
     formats = args.formats.split(",")
     if args.start:  # the start's own seed and refdl's split
         del config["seed"]
         config["split"] = "refdl"
+        config["data_order"] = "refdl"
         config["start"] = load_torch.FINGERPRINT
         load_torch.save_params(model, str(out / f"{name}-final.npz"))
         config["final_params"] = f"{name}-final.npz"  # beside the log
-    if "jsonl" in formats:
-        with open(out / f"{name}.jsonl", "w") as f:
-            f.write(json.dumps({"config": config}) + "\n")
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    if "csv" in formats or "tb" in formats:
-        (out / f"{name}.toml").write_text(
-            "".join(
-                f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
-                for k, v in config.items()
-            )
-        )
-    if "csv" in formats:
-        with open(out / f"{name}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["step", "loss", "samples_per_s", "test_accuracy"])
-            w.writeheader()
-            w.writerows(rows)
+    logfiles.write(out, name, config, rows, formats)
     if "tb" in formats:
         from torch.utils.tensorboard import SummaryWriter
 
