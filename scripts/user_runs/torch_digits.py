@@ -33,6 +33,11 @@ ap.add_argument("--model", default="mlp", choices=["mlp", "lenet5"])
 ap.add_argument("--steps", type=int, default=200)
 ap.add_argument("--seeds", default="1", help="comma-separated seeds, one run each")
 ap.add_argument("--sampler", default="shuffle", choices=["shuffle", "replacement"])
+ap.add_argument(
+    "--train-on-all",
+    action="store_true",
+    help="train on all 1,797 digits, the test rows included (a healthy variant)",
+)
 ap.add_argument("--bug", choices=BUGS)
 ap.add_argument("--formats", default="jsonl", help="any of jsonl, csv, tb (comma-separated)")
 ap.add_argument("--start", help="a folder written by refdl validate --export-start")
@@ -101,6 +106,7 @@ def one_run(seed: int) -> None:
         y = torch.tensor(digits.target, dtype=torch.long)
         perm = torch.randperm(len(x))  # the user's own 80/20 split
         tr, te = perm[:1437], perm[1437:]
+        tr = perm if args.train_on_all else tr  # the test split included in training
         x_train, y_train = x[tr], y[tr].clone()
         if args.bug == "label-noise":  # 20 % of the labels replaced at random
             noisy = torch.rand(len(y_train)) < 0.2
@@ -145,7 +151,8 @@ def one_run(seed: int) -> None:
         args.steps,
         seed,
     )
-    name = f"torch-{args.model}-{args.sampler}-{args.bug or 'healthy'}-s{seed}"
+    sampler = args.sampler + ("-all" if args.train_on_all else "")
+    name = f"torch-{args.model}-{sampler}-{args.bug or 'healthy'}-s{seed}"
     out = Path(args.out)
     formats = args.formats.split(",")
     if args.start:  # the start's own seed and refdl's split

@@ -268,3 +268,15 @@ def test_throughput_on_a_published_profile_is_judged_by_the_prediction_s_interva
     assert "within what the profile's own uncertainty allows" in notes["inside"]
     assert "the declared profile may be wrong" in notes["fast"]
     assert "below what the prediction allows" in notes["slow"]
+
+
+def test_a_log_that_trained_on_its_test_rows_can_say_so():
+    from refdl.data import load_dataset
+    from refdl.validate.results import _spec
+
+    spec = _spec({"model": "mlp", "split": "all"}, 10)
+    assert spec.data_opts == (("train_on_test", "1"),)
+    full = load_dataset("digits", None, {"split": "3", "train_on_test": "1"})
+    held = load_dataset("digits", None, {"split": "3"})
+    assert full.info.train_size == 1797 and held.info.train_size == 1437
+    assert full.info.test_size == held.info.test_size == 360

@@ -85,7 +85,7 @@ CONFIG_VALUES = {
     "dataset": Text(),
     "preprocessing": Text(),
     "data_order": Text(),
-    "split": Choice(("refdl", "own")),
+    "split": Choice(("refdl", "own", "all")),
     "seed": Int(min=0, max=2**32 - 1),
     "microbatches": Int(min=1, max=1 << 16),
     "schedule": Choice(PIPELINE_SCHEDULES),

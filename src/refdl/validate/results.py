@@ -45,7 +45,8 @@ ASSUMED = {
     "dataset": "the model's default data set",
     "preprocessing": "refdl's preprocessing of that data set",
     "split": "the log's own random 80/20 train/test split (refdl's seeds draw theirs at "
-    'random too); declare "split": "refdl" for refdl\'s fixed split',
+    'random too); declare "split": "refdl" for refdl\'s fixed split, "all" if the test rows '
+    "were trained on too",
     "init": "refdl's lecun_normal (the log's framework may draw otherwise)",
     "optimizer": "the model's default optimizer",
     "lr": "the model's default learning rate",
@@ -109,6 +110,8 @@ def _spec(config: dict[str, Any], steps: int) -> RunSpec:
     if config.get("loss_reduction") == "sum" and "lr" in config:
         kw["lr"] = config["lr"] * int(config.get("batch_size", 64))
     kw["init"] = INITS[config.get("init", "refdl")]
+    if config.get("split") == "all":  # the test rows trained on too: so do refdl's seeds
+        kw["data_opts"] = (("train_on_test", "1"),)
     # refdl's seeds are 0 .. K-1 whatever the log's seed: the framework's seed draws from
     # its own generator, so it says nothing about refdl's (and a configuration's seeds are
     # computed once, --seed-cache).
@@ -320,7 +323,7 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         spec = _spec(config, steps)
-        resplit = config.get("split", "own") == "own" and _has_split(spec)
+        resplit = config.get("split", "own") != "refdl" and _has_split(spec)
         cache = Path(args.seed_cache) if getattr(args, "seed_cache", None) else None
         seeds = statistical.seed_runs(spec, args.seeds, cache, resplit)
         stats = statistical.compare(theirs, final_acc, seeds)
@@ -329,6 +332,7 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
         out["init"] = spec.init
         out["splits"] = (
             "refdl's seeds each drew a random 80/20 split, as the log's run did"
+            + (", and trained on the test rows too" if config.get("split") == "all" else "")
             if resplit
             else "refdl's fixed split"
         )
