@@ -66,9 +66,8 @@ def test_a_healthy_run_passes_with_the_rule_its_statistics_and_a_picture(logs):
     text = (out / "report.md").read_text()
     assert "![refdl's seeds and the framework's loss](loss.png)" in text
     assert "| loss_end |" in text and "false-alarm rate" in text
-    assert r["assumptions"] == ["split not given: assumed the log's own random 80/20 "
-                                "train/test split (refdl's seeds draw theirs at random too); "
-                                "declare \"split\": \"refdl\" for refdl's fixed split"]  # fmt: skip
+    (only,) = r["assumptions"]  # the script declares every key but its split
+    assert only.startswith("split not given: assumed the log's own random 80/20")
 
 
 def test_tensorboard_and_csv_logs_of_the_same_run_get_the_same_verdict(logs):
