@@ -175,13 +175,20 @@ def _step_interval(profile: Any, precision: str, t: float) -> dict[str, float | 
 
 def _collective_interval(profile: Any, library: str | None, workers: int, t: float) -> dict:
     """``time_low_s`` / ``time_high_s``: the stated 80 % interval of a collective's time."""
-    multi = workers > profile.devices_per_node and "inter" in profile.links
-    level = (
-        "inter" if multi else ("intra" if "intra" in profile.links else next(iter(profile.links)))
-    )
+    level = collective_level(profile, workers)[0]
     borrowed = profile.borrowed_link(library or profile.default_library(), level)
     iv = intervals.time_interval("collective", t, borrowed)
     return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None}
+
+
+def collective_level(profile: Any, workers: int, nodes: int | None = None) -> tuple[str, int, bool]:
+    """``(link level, devices per node, several nodes?)`` of a collective over ``workers``:
+    across nodes on the network where the profile has one, else inside the node."""
+    per_node = profile.devices_per_node if nodes is None else max(1, workers // nodes)
+    multi = workers > per_node
+    level = "inter" if multi and "inter" in profile.links else (
+        "intra" if "intra" in profile.links else next(iter(profile.links)))  # fmt: skip
+    return level, per_node, multi
 
 
 def collective_pair(
@@ -196,10 +203,7 @@ def collective_pair(
     """(expected, bound) seconds of one collective. Expected: the library's achieved
     latency and fraction of line rate; an allreduce ring across nodes in two levels.
     Bound: line rate; for an allreduce, ``allreduce_lower_bound`` (in-network reduction)."""
-    per_node = profile.devices_per_node if nodes is None else max(1, workers // nodes)
-    multi = workers > per_node
-    level = "inter" if multi and "inter" in profile.links else (
-        "intra" if "intra" in profile.links else next(iter(profile.links)))  # fmt: skip
+    level, per_node, multi = collective_level(profile, workers, nodes)
     view = profile.view("expected", library=library)
     peak = profile.view("bound")
     if (

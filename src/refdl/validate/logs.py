@@ -156,7 +156,7 @@ def _pick(available: list[str], key: str, names: dict[str, tuple[str, ...]]) -> 
     return next((n for n in names[key] if n in available), None)
 
 
-def _jsonl(text: str, path: Path) -> tuple[list[dict], dict]:
+def _jsonl(text: str) -> tuple[list[dict], dict]:
     rows, config = [], {}
     for line in text.splitlines():
         if not line.strip():
@@ -275,7 +275,7 @@ def read_log(
         if is_events:
             fmt, rows = "tensorboard", _events(p, names, notes)
         elif p.suffix in (".jsonl", ".json"):
-            fmt, (rows, config) = "jsonl", _jsonl(_text(p, "--results"), p)
+            fmt, (rows, config) = "jsonl", _jsonl(_text(p, "--results"))
         elif p.suffix == ".csv":
             fmt, (rows, config) = "csv", _csv(_text(p, "--results"), names, notes)
         else:
@@ -291,8 +291,9 @@ def read_log(
         config.update(read_config(config_file))
         notes.append(f"configuration from {config_file}")
     if sets:
-        config.update(parse_sets(sets))
-        notes.append(f"configuration set on the command line: {', '.join(parse_sets(sets))}")
+        given = parse_sets(sets)
+        config.update(given)
+        notes.append(f"configuration set on the command line: {', '.join(given)}")
     return Log(_checked(rows, path), _checked_config(config, path), fmt, notes)
 
 

@@ -31,6 +31,8 @@ import numpy as np
 
 from refdl import hw as hwmod
 from refdl.config.spec import RunSpec
+from refdl.core.make import resolve
+from refdl.data import DATASETS
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
@@ -219,9 +221,9 @@ def _throughput(
         else:
             # the prediction's own uncertainty: its stated 80 % step-time interval, as
             # samples/s (refdl.perf.intervals); faster than the bound is never plausible
-            fast = spec.batch_size / (pred["step_time_low_s"] or pred["bound_step_time_s"])
+            low = max(pred["step_time_low_s"] or 0.0, pred["bound_step_time_s"])
+            fast = spec.batch_size / low
             slow = spec.batch_size / (pred["step_time_high_s"] or pred["step_time_s"])
-            fast = min(fast, spec.batch_size / pred["bound_step_time_s"])
             note = (
                 f"The framework ran at {to_pred:.2f}x the prediction for {profile.name} "
                 f"(its 80 % interval: {slow / pred['throughput']:.2f}-"
@@ -356,9 +358,6 @@ def results_report(args: argparse.Namespace) -> dict[str, Any]:
 
 def _has_split(spec: RunSpec) -> bool:
     """Whether the spec's data set can draw another train/test split (``split`` option)."""
-    from refdl.core.make import resolve
-    from refdl.data import DATASETS
-
     return "split" in DATASETS.get(resolve(spec).dataset).options
 
 

@@ -211,13 +211,11 @@ def compare(
     m = sum(1 for ts in per_window.values() if ts) + (final_accuracy is not None)
     tested = []
     for name, ts in per_window.items():
-        value = float(np.mean([framework[t] for t in ts])) if ts and finite else None
-        ref = seeds.losses[:, ts].mean(1) if ts else np.ones(k)
-        tested.append(
-            judge(name, value, ref, max(m, 1))
-            if ts
-            else {"name": name, "logged": False, "departs": False, "p_value": None}
-        )
+        if not ts:
+            tested.append({"name": name, "logged": False, "departs": False, "p_value": None})
+            continue
+        value = float(np.mean([framework[t] for t in ts])) if finite else None
+        tested.append(judge(name, value, seeds.losses[:, ts].mean(1), max(m, 1)))
     acc = np.asarray(seeds.accuracy, np.float64)
     tested.append(judge("test_accuracy", final_accuracy, acc, max(m, 1)))
     ps = [s["p_value"] for s in tested if s.get("p_value") is not None]
