@@ -198,15 +198,49 @@ def explicit_settings(args: argparse.Namespace) -> dict[str, Any]:
     return explicit
 
 
+def run_config(resume: str) -> tuple[Path | None, dict[str, Any] | None]:
+    """The run folder ``--resume`` names (a run folder, its ``checkpoints``, or one of its
+    checkpoints) and the settings it was started with (its ``config.json``; None when it
+    has none). A damaged ``config.json`` is a one-line error, never a guess."""
+    from refdl.config.files import load_json
+    from refdl.run.checkpoint import _STEP_DIR
+
+    p = Path(resume)
+    if _STEP_DIR.match(p.name):
+        folder = p.parent.parent
+    elif p.name == "checkpoints":
+        folder = p.parent
+    else:
+        folder = p
+    record = folder / "config.json"
+    if not record.exists():
+        return (folder if (folder / "checkpoints").is_dir() else None), None
+    config = load_json(record, "--resume: the run's")
+    if not isinstance(config, dict):
+        raise UsageError(f"--resume {resume}: {record} is not a table of settings")
+    return folder, config
+
+
 def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     """With ``--resume``: the run's own settings, then the flags given again (which must
-    agree on everything but how long and how loudly the run goes)."""
-    from refdl.config.spec import differing, flag
+    agree on everything but how long and how loudly the run goes). The checkpoint is the
+    newest intact one of the run's own configuration (its ``config.json``); where it
+    writes, only the command line says."""
+    from refdl.config.spec import OUTPUT_KEYS, config_key, differing, flag
     from refdl.parallel import processes
     from refdl.run import checkpoint
 
-    choice = checkpoint.resolve(explicit["resume"])  # the newest checkpoint that verifies
+    folder, config = run_config(explicit["resume"])
+    named = checkpoint._STEP_DIR.match(Path(explicit["resume"]).name) is not None
+    choice = checkpoint.resolve(explicit["resume"], None if named else config)
     path, saved = choice.path, choice.meta["spec"]
+    other = named and config is not None and config_key(config) != config_key(saved)
+    if other and Path(explicit.get("out", folder)).resolve() == Path(folder).resolve():
+        keys = ", ".join(differing(config, saved)[:4]) or "settings"
+        raise UsageError(
+            f"--resume {explicit['resume']}: this checkpoint's {keys} differ from those "
+            f"{folder} was started with; continue it in another folder with --out DIR"
+        )
     if processes.under_mpi() and "devices" not in explicit:
         explicit = {**explicit, "devices": processes.launched_size()}
     diff = differing(saved, explicit)
@@ -216,7 +250,8 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
             f"--resume {explicit['resume']}: {parts}; drop these flags to continue the run as "
             "it was started, or start a new run without --resume"
         )
-    base = {k: v for k, v in saved.items() if k not in ("resume", "out", "overwrite")}
+    # Where a run writes comes from the command line only, never from a file.
+    base = {k: v for k, v in saved.items() if k not in OUTPUT_KEYS}
     if "out" not in explicit:
         explicit = {**explicit, "out": str(path.parent.parent)}
     return {**base, **explicit}
@@ -257,6 +292,21 @@ def choose_devices(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
+    """A strategy's option given on the command line for another strategy is refused,
+    even at its default value (``--zero 3`` with ``single`` would be silently ignored)."""
+    from refdl.config.plan import check_options
+    from refdl.config.spec import RunSpec
+    from refdl.strategies import STRATEGIES
+
+    name = settings.get("strategy", "single")
+    if name not in STRATEGIES.names():
+        return  # refused with the list of strategies when the run is built
+    owners = {n: STRATEGIES.get(n).traits for n in STRATEGIES.names()}
+    spec = RunSpec.from_dict(settings, "the flags")
+    check_options(spec, name, owners[name], owners, given)
+
+
 def check_plot_path(path: str | None) -> None:
     """``--plot-schedule``'s file must be writable before the run starts, not after."""
     from refdl.config.paths import writable_file
@@ -268,14 +318,13 @@ def check_plot_path(path: str | None) -> None:
 def plot_schedule(summary: dict[str, Any], path: str) -> str | None:
     """Draw the last executed step's timeline (``timeline.json`` of the run) as a Gantt
     chart; returns the file, or None when the run recorded no pipeline timeline."""
-    import json
-
     from refdl.bench.plots import gantt
+    from refdl.config.files import load_json
 
     record = Path(summary["run_dir"]) / "timeline.json"
     if not record.is_file():
         return None
-    data = json.loads(record.read_text())
+    data = load_json(record, "the run's", limit=256 << 20)
     title = (f"{summary.get('schedule')}, {summary.get('stages')} stages, "
              f"{summary.get('microbatches')} mb")  # fmt: skip
     return str(gantt(data["timeline"], data["stages"], path, title))
@@ -319,8 +368,10 @@ def _main(argv: list[str] | None) -> int:
         return 0
     try:
         settings = explicit_settings(args)
+        given = set(settings)
         if "resume" in settings:
             settings = resumed_settings(settings)
+        check_given_options(settings, given)
         settings = choose_devices(settings)
         check_plot_path(settings.get("plot_schedule"))
         from refdl.config.spec import RunSpec

@@ -324,7 +324,7 @@ def test_op_rates_round_trip_and_a_bad_table_names_the_key(tmp_path):
         (lambda t: t.replace("[device.ops.dot]\nt0_s = ", "[device.ops.dot]\nt0_s = -"),
          "key device.ops.dot.t0_s must be a number >= 0"),
         (lambda t: t.replace("[device.ops.dot]\nt0_s", "[device.ops.dot]\nxx"),
-         "key device.ops.dot.t0_s must be a number >= 0"),
+         "key device.ops.dot.xx is not one of t0_s, rate, source"),
         (lambda t: t.replace("[device.in_step]\ndot = ", "[device.in_step]\ndot = -"),
          "key device.in_step.dot must be a number >= 0"),
         (lambda t: t.replace("[device.in_step]\ndot", "[device.in_step]\nmatmul"),

@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from refdl.bench.metrics import METRICS, from_run, read_run
-from refdl.config.values import Float
+from refdl.config.files import load_toml, printable
+from refdl.config.spec import OUTPUT_KEYS, RunSpec
+from refdl.config.values import Float, Int
 from refdl.errors import UsageError
 from refdl.parallel.processes import mpirun_command, mpirun_env
 
@@ -109,29 +111,46 @@ def _table(raw: dict, name: str, path: str | Path) -> dict[str, Any]:
     return dict(value)
 
 
+REPEATED = ("model_opt", "data_opt")  # repeatable flags: a text or a list of texts
+SETTINGS = {f.name: f.metadata["value"] for f in dataclasses.fields(RunSpec)
+            if f.name not in (*OUTPUT_KEYS, "model_opts", "data_opts")}  # fmt: skip
+RANKS = Int(min=1, max=4096)
+
+
 def _setting(key: str, value: Any, section: str, path: str | Path) -> Any:
-    """A [fixed] or [mutable] value: a flag's text, number, true/false or list of texts."""
-    scalar = (str, int, float, bool)
-    if isinstance(value, scalar) or (
-        isinstance(value, list) and all(isinstance(v, scalar) for v in value)
-    ):
+    """A [fixed] or [mutable] value: one of ``refdl.train``'s flags with a value of its
+    declared type (a text is parsed as the flag would parse it), a list only for the
+    repeatable flags. Where the run writes is never a recipe's to say."""
+    where = f"recipe {path}: [{section}] {key}"
+    if key in OUTPUT_KEYS:
+        raise UsageError(f"{where}: where a run writes is given on the command line "
+                         "(bench run --out DIR), never by a recipe; remove it")  # fmt: skip
+    if key in REPEATED:
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise UsageError(f"{where} must be a text KEY=VALUE or a list of them")
         return value
-    raise UsageError(
-        f"recipe {path}: [{section}] {key} must be a text, a number, true/false or a list"
-    )
+    declared = RANKS if key == "ranks" else SETTINGS.get(key)
+    if declared is None:
+        raise UsageError(f"{where}: not a flag of refdl.train (use its long name, e.g. "
+                         "batch_size for --batch-size)")  # fmt: skip
+    problem = None
+    if isinstance(value, str):  # as the flag would parse it
+        try:
+            declared.parse(value)
+        except ValueError as e:
+            problem = str(e)
+    else:
+        problem = declared.problem(value)
+    if problem:
+        raise UsageError(f"{where} must be {problem}")
+    return value
 
 
 def load(path: str | Path) -> Recipe:
     """Read and check a recipe; a bad file raises UsageError naming the key."""
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"recipe {path}: no such file")
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UsageError(f"recipe {path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"recipe {path}: not valid TOML ({e})") from None
+    raw = load_toml(p, "recipe", limit=1 << 20)
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise UsageError(f"recipe {path}: unknown section(s) {unknown}; use {', '.join(SECTIONS)}")
@@ -167,9 +186,12 @@ def load(path: str | Path) -> Recipe:
         options[key] = float(value)
     if "TimeToAccuracy" in acceptable and "target_accuracy" not in options:
         raise UsageError(f"recipe {path}: TimeToAccuracy needs [options] target_accuracy")
+    for key in ("name", "description"):
+        if key in head and not isinstance(head[key], str):
+            raise UsageError(f"recipe {path}: [recipe] {key} must be a text")
     return Recipe(
-        name=str(head.get("name", p.stem)),
-        description=str(head.get("description", "")),
+        name=printable(head.get("name", p.stem)),
+        description=printable(head.get("description", ""), 400),
         fixed=fixed,
         mutable=mutable,
         acceptable=acceptable,
@@ -215,7 +237,8 @@ def check(recipe: Recipe, metrics: dict[str, Any]) -> list[dict[str, Any]]:
 def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None = None) -> dict:
     """Run the recipe's training job, compute its metrics, check the acceptable set."""
     settings = recipe.settings(overrides)
-    out_dir = out or tempfile.mkdtemp(prefix=f"refdl-recipe-{recipe.name}-")
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", recipe.name)[:40]  # a name is never a path
+    out_dir = out or tempfile.mkdtemp(prefix=f"refdl-recipe-{tag}-")
     argv, ranks = train_argv(settings, out_dir)
     if ranks:
         cmd, env = mpirun_command(ranks, argv), mpirun_env()

@@ -11,6 +11,7 @@ Neighbour exchange is written as cyclic shifts: for shift s, worker j sends to
 
 from __future__ import annotations
 
+import io
 import math
 import warnings
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from refdl.config.choices import TOPOLOGIES
+from refdl.config.files import read_text
 from refdl.errors import UsageError
 
 
@@ -65,10 +67,11 @@ def _read_adjacency(path: str, n: int) -> np.ndarray:
             f"unknown --topology {path!r}: choose one of {', '.join(TOPOLOGIES)} or give an "
             "adjacency file (n lines of n 0/1 numbers)"
         )
+    text = read_text(p, "--topology", limit=64 << 20)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an empty file: refused below, in one line
-            m = np.loadtxt(p, ndmin=2)
+            m = np.loadtxt(io.StringIO(text), ndmin=2)
     except (ValueError, UnicodeDecodeError, OSError) as e:
         raise UsageError(f"--topology {path}: not a matrix of 0/1 numbers ({e})") from None
     if m.shape != (n, n):

@@ -7,9 +7,11 @@ path must be a folder that accepts a temporary file. Nothing is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from refdl.errors import UsageError
 
@@ -53,3 +55,35 @@ def _probe(folder: Path, flag: str, path: str | Path) -> None:
         os.unlink(name)
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: the process's umask, unchanged
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a fresh temporary in the same folder (a name no one
+    else could have planted: ``mkstemp`` opens it with ``O_EXCL``), synced, then renamed
+    over ``path`` - which replaces a link there instead of writing through it."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would have made it (mkstemp: 0600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def open_append(path: str | Path) -> IO[str]:
+    """``path`` opened for appending text, refusing to follow a link there (ELOOP), so a
+    planted link cannot send refdl's lines to another file."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)  # fmt: skip
+    return os.fdopen(fd, "a")

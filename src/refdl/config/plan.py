@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -160,10 +160,16 @@ def plan(
 
 
 def check_options(
-    spec: RunSpec, strategy: str, traits: Traits, owners: Mapping[str, Traits]
+    spec: RunSpec,
+    strategy: str,
+    traits: Traits,
+    owners: Mapping[str, Traits],
+    given: Iterable[str] | None = None,
 ) -> None:
-    """Options given that ``strategy`` does not accept name the strategies that do."""
-    for key in spec.given():
+    """Options given that ``strategy`` does not accept name the strategies that do.
+    ``given``: the fields the user set (a CLI knows; else those off their defaults, so
+    ``--zero 3`` with ``single`` is caught only where the flags are known)."""
+    for key in spec.given() if given is None else given:
         if key not in STRATEGY_OPTIONS or key in traits.options:
             continue
         takers = sorted(name for name, t in owners.items() if key in t.options)
@@ -326,6 +332,11 @@ def _worker_plan(spec: RunSpec, strategy: str, model: ModelShape, ranks: int) ->
         if spec.devices != 1:
             raise UsageError("--simulate runs every worker on one device; drop --devices")
         workers = spec.workers or DEFAULT_SIMULATED_WORKERS
+        if servers > workers:
+            raise UsageError(
+                f"--servers {servers} is more than the {workers} simulated workers; shards "
+                f"beyond one per worker only add messages: use --servers <= {workers}"
+            )
     elif strategy == "ps":
         raise UsageError(
             "--strategy ps needs server and worker ranks: run it under mpirun -n N "

@@ -10,6 +10,8 @@ more, against the model and the devices, by ``refdl.config.checks``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from typing import Any
 
@@ -42,6 +44,9 @@ RUN_CONTROL_KEYS = (
     "plot_schedule",
     "overwrite",
 )
+# Settings that say where a run writes (or whether it may replace a run): taken from the
+# command line only, never from a checkpoint, a recipe or any other file.
+OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule")
 
 
 def option(default: Any, value: Any, help: str = "") -> Any:
@@ -124,6 +129,11 @@ class RunSpec:
             problem = f.metadata["value"].problem(getattr(self, f.name))
             if problem:
                 raise UsageError(f"{flag(f.name)} must be {problem}")
+        if self.warmup_steps > self.steps:
+            raise UsageError(
+                f"--warmup-steps {self.warmup_steps} is beyond --steps {self.steps}: the "
+                "learning rate would never reach --lr; lower --warmup-steps or raise --steps"
+            )
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
         if self.ps_mode == "ssp" and self.staleness is None:
@@ -227,6 +237,17 @@ def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
         if _norm(value) != _norm(saved[key]):
             out.append(key)
     return out
+
+
+def config_key(settings: dict[str, Any]) -> str:
+    """A short hash of the settings that say how a run was started (not how long or how
+    loudly it runs; fields at their defaults left out, so it survives new fields): two
+    runs continue each other's checkpoints only when their keys are equal."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
+    kept = {k: _norm(v) for k, v in settings.items()
+            if k not in RUN_CONTROL_KEYS and _norm(v) != _norm(defaults.get(k, ...))}  # fmt: skip
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _norm(v: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from refdl.config.values import Option, parse_options
-from refdl.errors import UsageError
+from refdl.errors import DataError, UsageError
 from refdl.registry import Registry
 
 
@@ -31,6 +31,14 @@ class DataInfo:
     test_size: int
     baselines: dict[str, float] = dataclasses.field(default_factory=dict)
     vocab: tuple[str, ...] = ()
+
+
+def check_labels(path: object, labels: np.ndarray, classes: int | None = None) -> None:
+    """Labels are class ids: integers from 0 (and below ``classes`` when it is known)."""
+    if labels.size and labels.min() < 0:
+        raise DataError(f"{path}: label {int(labels.min())} is negative; labels are class ids")
+    if classes is not None and labels.size and labels.max() >= classes:
+        raise DataError(f"{path}: label {int(labels.max())} is not below {classes} classes")
 
 
 class Dataset:

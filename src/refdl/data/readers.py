@@ -17,15 +17,27 @@ from __future__ import annotations
 
 import collections
 import gzip
+import io
+import math
+import os
 import pickle
+import pickletools
 import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
 
+from refdl.config.files import open_regular, read_bytes, read_text
 from refdl.config.values import Int, Option
-from refdl.data.base import ArrayDataset, DataInfo, DatasetDef, register, text_dataset
+from refdl.data.base import (
+    ArrayDataset,
+    DataInfo,
+    DatasetDef,
+    check_labels,
+    register,
+    text_dataset,
+)
 from refdl.errors import DataError
 
 # IDX type codes (LeCun's format description): code -> big-endian dtype.
@@ -40,8 +52,18 @@ _IDX_TYPES = {
 _IDX_CODES = {v.newbyteorder("="): k for k, v in _IDX_TYPES.items()}
 
 
+IDX_CLASSES = 10  # MNIST's digits, Fashion-MNIST's garments
+IDX_LIMIT = 4 << 30  # bytes of an IDX payload (MNIST's images: 47 MB)
+CIFAR_LIMIT = 256 << 20  # bytes of a CIFAR python batch (each is 31 MB)
+CIFAR_OPS = 1_000_000  # pickle opcodes in a batch (about 20,000 in a real one)
+TEXT_LIMIT = 2 << 30  # bytes of a PTB-style text file (ptb.train.txt: 5 MB)
+
+
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """A data file opened for reading once it is a regular file (a FIFO is refused, not
+    waited on); ``.gz`` decompressed as read."""
+    f = os.fdopen(open_regular(path, "data file", IDX_LIMIT, DataError), "rb")
+    return gzip.GzipFile(fileobj=f, mode="rb") if path.suffix == ".gz" else f
 
 
 def _find(data_dir: str | Path, name: str) -> Path:
@@ -60,27 +82,30 @@ def read_idx(path: str | Path) -> np.ndarray:
     path = Path(path)
     try:
         with _open(path) as f:
-            raw = f.read()
-    except (EOFError, zlib.error) as e:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0:
+                raise DataError(f"{path}: not an IDX file (bad magic number)")
+            code, ndim = head[2], head[3]
+            if code not in _IDX_TYPES:
+                raise DataError(f"{path}: unknown IDX element type 0x{code:02x}")
+            dims = f.read(4 * ndim)
+            if len(dims) < 4 * ndim:
+                raise DataError(f"{path}: truncated IDX header")
+            shape = struct.unpack(f">{ndim}I", dims)
+            dtype = _IDX_TYPES[code]
+            expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+            if expected > IDX_LIMIT:
+                raise DataError(f"{path}: IDX header {shape} asks for {expected} bytes, more "
+                                f"than the {IDX_LIMIT} refdl reads")  # fmt: skip
+            body = f.read(expected + 1)  # never more than the header promised, plus one
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DataError(f"{path}: damaged or truncated gzip file ({e})") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DataError(f"{path}: not an IDX file (bad magic number)")
-    code, ndim = raw[2], raw[3]
-    if code not in _IDX_TYPES:
-        raise DataError(f"{path}: unknown IDX element type 0x{code:02x}")
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError(f"{path}: truncated IDX header")
-    shape = struct.unpack(f">{ndim}I", raw[4:header])
-    dtype = _IDX_TYPES[code]
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if len(raw) - header != expected:
-        raise DataError(
-            f"{path}: IDX body has {len(raw) - header} bytes, header {shape} needs {expected}"
-        )
-    return np.frombuffer(raw, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    if len(body) != expected:
+        got = "more" if len(body) > expected else f"{len(body)}"
+        raise DataError(f"{path}: IDX body has {got} bytes, header {shape} needs {expected}")
+    return np.frombuffer(body, dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def write_idx(path: str | Path, array: np.ndarray) -> None:
@@ -107,7 +132,7 @@ def _idx_pair(data_dir: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{labels_path}: {labels.shape} labels do not match {len(images)} images")
     if len(images) == 0:
         raise DataError(f"{images_path}: holds no examples")
-    check_labels(labels_path, labels.astype(np.int64))
+    check_labels(labels_path, labels.astype(np.int64), IDX_CLASSES)
     x = (images.astype(np.float32) / 255.0)[..., None]
     return x, labels.astype(np.int32)
 
@@ -115,9 +140,8 @@ def _idx_pair(data_dir: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
 def load_idx_dataset(data_dir: str, name: str = "mnist") -> ArrayDataset:
     """MNIST-format IDX train/test files as a data set (pixels scaled to [0, 1])."""
     train, test = _idx_pair(data_dir, "train"), _idx_pair(data_dir, "t10k")
-    classes = int(max(train[1].max(), test[1].max())) + 1
     info = DataInfo(
-        name, "image", train[0].shape[1:], "float32", max(classes, 10), len(train[0]), len(test[0])
+        name, "image", train[0].shape[1:], "float32", IDX_CLASSES, len(train[0]), len(test[0])
     )
     return ArrayDataset(info, train, test)
 
@@ -144,19 +168,45 @@ class _BatchUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused to load {module}.{name}: data files are data")
 
 
+def _shallow_pickle(path: Path, raw: bytes) -> None:
+    """A CIFAR batch is a flat dict: refuse a pickle with too many opcodes or nested
+    containers before unpickling it (a nested-list bomb takes minutes and gigabytes)."""
+    depth = 0
+    try:
+        for n, (op, _, _) in enumerate(pickletools.genops(raw)):
+            if n > CIFAR_OPS:
+                raise DataError(f"{path}: not a CIFAR python batch (over {CIFAR_OPS} opcodes)")
+            if op.name == "MARK":
+                depth += 1
+            elif op.name in ("LIST", "TUPLE", "DICT", "APPENDS", "SETITEMS", "OBJ", "BUILD_SET"):
+                depth = max(depth - 1, 0)
+            if depth > 4:
+                raise DataError(f"{path}: not a CIFAR python batch (nested containers)")
+    except DataError:
+        raise
+    except Exception as e:  # genops meets bytes that are no pickle
+        raise DataError(f"{path}: not a CIFAR python batch ({type(e).__name__}: {e})") from None
+
+
 def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR-10 python batch: images ``[N, 32, 32, 3]`` uint8 and labels (read with
     ``_BatchUnpickler``: nothing in the file is executed)."""
     path = Path(path)
+    raw = read_bytes(path, "CIFAR batch", CIFAR_LIMIT, DataError)
+    _shallow_pickle(path, raw)
     try:
-        with open(path, "rb") as f:
-            d = _BatchUnpickler(f, encoding="bytes").load()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+        d = _BatchUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # untrusted bytes: whatever the unpickler trips on, it is not a batch
         raise DataError(f"{path}: not a CIFAR python batch ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict) or b"data" not in d or b"labels" not in d:
         raise DataError(f"{path}: not a CIFAR python batch (no b'data' / b'labels' keys)")
+    if not isinstance(d[b"data"], np.ndarray) or not isinstance(d[b"labels"], list | np.ndarray):
+        raise DataError(f"{path}: not a CIFAR python batch (data is not an array of pixels)")
+    flat = isinstance(d[b"labels"], np.ndarray) or all(
+        isinstance(v, int) and not isinstance(v, bool) for v in d[b"labels"]
+    )
+    if not flat:  # a nested list would be expanded by NumPy: refused before it is
+        raise DataError(f"{path}: not a CIFAR python batch (labels are not a list of integers)")
     try:
         data = np.asarray(d[b"data"], np.uint8)
         labels = np.asarray(d[b"labels"], np.int64)
@@ -168,14 +218,6 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: holds no examples")
     check_labels(path, labels, 10)
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels.astype(np.int32)
-
-
-def check_labels(path: Path, labels: np.ndarray, classes: int | None = None) -> None:
-    """Labels are class ids: integers from 0 (and below ``classes`` when it is known)."""
-    if labels.size and labels.min() < 0:
-        raise DataError(f"{path}: label {int(labels.min())} is negative; labels are class ids")
-    if classes is not None and labels.size and labels.max() >= classes:
-        raise DataError(f"{path}: label {int(labels.max())} is not below {classes} classes")
 
 
 def write_cifar_batch(path: str | Path, images: np.ndarray, labels: np.ndarray) -> None:
@@ -203,12 +245,7 @@ def load_cifar10(data_dir: str) -> ArrayDataset:
 def read_ptb(path: str | Path) -> list[str]:
     """A PTB-style text file as a list of words, ``<eos>`` after every line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
+    text = read_text(path, "text file", TEXT_LIMIT, DataError)
     words = [w for line in text.splitlines() for w in [*line.split(), "<eos>"]]
     if not words:
         raise DataError(f"{path}: empty")

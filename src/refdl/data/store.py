@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import tensorstore as ts
 
-from refdl.data.base import DataInfo, Dataset, DatasetDef, register
+from refdl.config.files import load_json, printable
+from refdl.data.base import DataInfo, Dataset, DatasetDef, check_labels, register
 from refdl.errors import DataError
 
 _ARRAYS = ("train_x", "train_y", "test_x", "test_y")
@@ -40,6 +43,55 @@ def _create(path: Path, shape: tuple[int, ...], dtype: np.dtype, chunk: int) -> 
         shape=shape,
         chunk_layout=ts.ChunkLayout(chunk_shape=(min(chunk, max(shape[0], 1)), *shape[1:])),
     ).result()
+
+
+def _only_files(root: Path) -> None:
+    """Every entry of the store is a folder or a regular file (no FIFO to block on, no
+    device, no link leading out of it)."""
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(folder) / name
+            mode = p.lstat().st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise DataError(f"{p}: not a regular file; a zarr store holds only files")
+
+
+_INFO_TYPES = {"name": str, "kind": str, "input_shape": list, "input_dtype": str,
+               "num_classes": int, "train_size": int, "test_size": int}  # fmt: skip
+
+
+def _info(raw: object, meta: Path) -> DataInfo:
+    """``info.json`` held to its schema: each key of its type, sizes positive."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{meta}: malformed (not a table)")
+    for key, kind in _INFO_TYPES.items():
+        v = raw.get(key)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise DataError(f"{meta}: malformed ({key} must be a {kind.__name__})")
+    if raw["kind"] not in ("image", "tokens") or raw["input_dtype"] not in ("float32", "int32"):
+        raise DataError(f"{meta}: malformed (kind image or tokens, input_dtype float32 or int32)")
+    shape = raw["input_shape"]
+    if (
+        not shape
+        or len(shape) > 8
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 20 for d in shape
+        )
+    ):
+        raise DataError(f"{meta}: malformed (input_shape must be 1 to 8 positive integers)")
+    for key in ("num_classes", "train_size", "test_size"):
+        if not 1 <= raw[key] <= 1 << 40:
+            raise DataError(f"{meta}: malformed ({key} must be a positive integer)")
+    vocab, baselines = raw.get("vocab", []), raw.get("baselines", {})
+    if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
+        raise DataError(f"{meta}: malformed (vocab must be a list of words)")
+    if not isinstance(baselines, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in baselines.values()
+    ):
+        raise DataError(f"{meta}: malformed (baselines must map names to numbers)")
+    return DataInfo(printable(raw["name"]), raw["kind"], tuple(shape), raw["input_dtype"],
+                    raw["num_classes"], raw["train_size"], raw["test_size"],
+                    {str(k): float(v) for k, v in baselines.items()}, tuple(vocab))  # fmt: skip
 
 
 def write_zarr(dataset: Dataset, out: str | Path, chunk: int = 256) -> Path:
@@ -81,13 +133,8 @@ class ZarrDataset(Dataset):
             raise DataError(
                 f"{meta}: missing; is {self.path} a store written by refdl.data convert?"
             )
-        try:
-            raw = json.loads(meta.read_text())
-            raw["input_shape"] = tuple(raw["input_shape"])
-            raw["vocab"] = tuple(raw.get("vocab", ()))
-            self.info = DataInfo(**raw)
-        except (ValueError, TypeError, KeyError) as e:
-            raise DataError(f"{meta}: malformed ({e})") from None
+        _only_files(self.path)
+        self.info = _info(load_json(meta, "zarr store's", limit=64 << 20, error=DataError), meta)
         self.arrays = {}
         for name in _ARRAYS:
             try:
@@ -96,6 +143,11 @@ class ZarrDataset(Dataset):
                 raise DataError(f"{self.path / name}: cannot open zarr array ({e})") from None
         if self.arrays["train_x"].shape[0] != self.info.train_size:
             raise DataError(f"{self.path / 'train_x'}: size disagrees with info.json")
+        if self.arrays["test_x"].shape[0] != self.info.test_size:
+            raise DataError(f"{self.path / 'test_x'}: size disagrees with info.json")
+        for name in ("train_y", "test_y"):  # labels are small: all checked once, here
+            labels = np.asarray(self.arrays[name].read().result())
+            check_labels(self.path / name, labels, self.info.num_classes)
 
     def train_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         idx = np.asarray(indices, np.int64)

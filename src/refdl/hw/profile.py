@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from refdl.config.files import loads_toml, printable, read_text
 from refdl.errors import UsageError
 from refdl.perf.collectives import Link
 from refdl.perf.ops import HOST_KINDS, KINDS, InStep, OpRate
@@ -288,6 +288,7 @@ def _op_rates(dev: dict, path: str) -> dict[str, OpRate]:
                 f"hardware profile {path}: key device.ops.{kind}: not a table of an operation "
                 f"kind ({', '.join(KINDS + HOST_KINDS)})"
             )
+        _known(table, ("t0_s", "rate", "source"), where, path)
         t0 = table.get("t0_s")
         if isinstance(t0, bool) or not isinstance(t0, (int, float)) or not t0 >= 0:
             raise UsageError(f"hardware profile {path}: key {where}t0_s must be a number >= 0")
@@ -317,9 +318,23 @@ def _in_step(dev: dict, path: str) -> InStep | None:
 
 def _text(raw: dict, key: str, where: str, path: str) -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise UsageError(f"hardware profile {path}: key {where}{key} must be a non-empty string")
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise UsageError(f"hardware profile {path}: key {where}{key} must be a non-empty "
+                         "string without control characters")  # fmt: skip
     return value
+
+
+def _known(table: dict, keys: tuple[str, ...], where: str, path: str) -> None:
+    """A table's keys are the ones it may have: a misspelt key is refused, not ignored."""
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise UsageError(f"hardware profile {path}: key {where}{printable(unknown[0])} is not "
+                         f"one of {', '.join(keys)}")  # fmt: skip
+
+
+DEVICE_KEYS = ("name", "peak_flops", "memory_bandwidth", "memory_bytes", "source",
+               "dispatch_s", "op_overhead_s", "shared_cores", "in_step", "ops")  # fmt: skip
+LINK_KEYS = ("latency_s", "bandwidth", "achievable", "source", "nics_per_node")
 
 
 TOP_LEVEL = ("name", "description", "devices_per_node", "device", "links", "achieved")
@@ -329,6 +344,7 @@ def _device(dev: Any, path: str) -> DeviceSpec:
     """``[device]``: peaks, memory, and the calibrated operation rates where measured."""
     if not isinstance(dev, dict):
         raise UsageError(f"hardware profile {path}: [device] must be a table")
+    _known(dev, DEVICE_KEYS, "device.", path)
     flops = dev.get("peak_flops")
     if not isinstance(flops, dict) or "float32" not in flops:
         raise UsageError(
@@ -367,6 +383,7 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
                 f"hardware profile {path}: links.{name}: use [links.intra] or [links.inter]"
             )
         where = f"links.{name}."
+        _known(lk, LINK_KEYS, where, path)
         achievable = _positive(lk, "achievable", where, path)
         if achievable > 1:
             raise UsageError(f"hardware profile {path}: key {where}achievable must be <= 1")
@@ -387,7 +404,7 @@ def parse(raw: dict[str, Any], path: str = "<profile>") -> HardwareProfile:
         raise UsageError(f"hardware profile {path}: key devices_per_node must be an integer >= 1")
     return HardwareProfile(
         name=_text(raw, "name", "", path),
-        description=str(raw.get("description", "")),
+        description=printable(_description(raw, path), 400),
         devices_per_node=per_node,
         device=device,
         links=links,
@@ -446,6 +463,7 @@ def _achieved(raw: Any, links: dict, path: str) -> Achieved | None:
                     f"hardware profile {path}: {where[:-1]}: this profile's links are "
                     f"{', '.join(links)}"
                 )
+            _known(table, ("latency_s", "fraction", "source"), where, path)
             got.setdefault(lib, {})[level] = AchievedLink(
                 latency_s=_positive(table, "latency_s", where, path),
                 fraction=_fraction(table.get("fraction"), f"{where}fraction", path),
@@ -475,9 +493,7 @@ def load(name_or_path: str | Path) -> HardwareProfile:
     """A shipped profile by name (``p100-nvlink``) or a TOML file by path."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise UsageError(f"hardware profile {path}: no such file")
-        text = _read(path)
+        text = read_text(path, "hardware profile", limit=1 << 20)
     else:
         if str(name_or_path) not in names():
             raise UsageError(
@@ -485,21 +501,15 @@ def load(name_or_path: str | Path) -> HardwareProfile:
                 "or give a .toml path"
             )
         path = Path(str(resources.files("refdl.hw") / "profiles" / f"{name_or_path}.toml"))
-        text = _read(path)
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"hardware profile {path}: not valid TOML ({e})") from None
-    return parse(raw, str(path))
+        text = read_text(path, "hardware profile", limit=1 << 20)
+    return parse(loads_toml(text, f"hardware profile {path}"), str(path))
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"hardware profile {path}: not UTF-8 text") from None
-    except OSError as e:
-        raise UsageError(f"hardware profile {path}: cannot read ({e.strerror or e})") from None
+def _description(raw: dict, path: str) -> str:
+    value = raw.get("description", "")
+    if not isinstance(value, str):
+        raise UsageError(f"hardware profile {path}: key description must be a string")
+    return value
 
 
 def _value(v: Any) -> str:

@@ -25,6 +25,7 @@ class Stopper:
     def __init__(self) -> None:
         self.requested, self.signum, self.armed = False, 0, False
         self.exit_before_training: str | None = None  # a CLI's name: exit at once, quietly
+        self.run_dir: str | None = None  # the run folder, told to mpirun's caller on a signal
         self._old: dict[int, Any] = {}
 
     @property
@@ -65,6 +66,8 @@ class Stopper:
         self._old = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum not in self.MEANS and "OMPI_COMM_WORLD_RANK" in os.environ:
+            _tell_mpiruns_caller(signum, self.run_dir)
         signum = int(self.MEANS.get(signum, signum))
         if not self.armed and self.exit_before_training:
             name = signal.Signals(signum).name
@@ -79,6 +82,36 @@ class Stopper:
                       file=sys.stderr, flush=True)  # fmt: skip
             return
         raise Interrupted(signum)
+
+
+LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
+
+
+def _tell_mpiruns_caller(signum: int, run_dir: str | None) -> None:
+    """Plain ``mpirun`` answers SIGINT/SIGTERM by ending the ranks within a quarter second
+    and drops what they print meanwhile: rank 0 writes its one line straight to the
+    stderr of ``mpirun`` itself (its parent process on the launching host)."""
+    if os.environ.get("OMPI_COMM_WORLD_RANK") != "0":
+        return
+    name = signal.Signals(signum).name
+    where = (f"the newest intact checkpoint in {run_dir}/checkpoints continues it with "
+             f"--resume {run_dir}" if run_dir else "nothing was written yet")  # fmt: skip
+    line = (
+        f"refdl (rank 0): interrupted by {name} through mpirun, which ends the ranks "
+        f"at once; {where} (refdl launch, or kill -USR1 to mpirun, stops cleanly)\n"
+    )
+    try:
+        parent = os.getppid()
+        with open(f"/proc/{parent}/comm") as f:
+            if f.read().strip() not in LAUNCHERS:
+                return
+        fd = os.open(f"/proc/{parent}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # no /proc, another launcher: the rank's own stderr is all there is
 
 
 STOPPER = Stopper()

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import tokenize
 import zipfile
 from pathlib import Path
@@ -30,12 +31,17 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.config.files import check_regular, load_json
+from refdl.config.spec import config_key, differing
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_DIR = re.compile(r"^\.step_\d+\.tmp-")
+_DTYPE = re.compile(r"^[<>|=]?[biuf][1248]$|^[<>|=]?c(8|16)$")  # numeric arrays only
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+MANIFEST_LIMIT = 256 << 20  # tree paths and digests of even very large models
 STATE, META = "state.npz", "meta.json"
 
 
@@ -70,19 +76,21 @@ def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: in
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     step = int(np.asarray(state.step).reshape(-1)[0])  # replicated strategies stack it
     path = ckpt_dir / f"step_{step:07d}"
-    if path.exists():  # re-saving the same step (e.g. final == periodic): keep the first
+    if path.is_symlink():  # planted: never written through, never taken for a checkpoint
+        path.unlink()
+    if path.exists() and _same_run(path, meta):  # re-saving a step (final == periodic)
         return path
     leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
-    tmp = ckpt_dir / f".step_{step:07d}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step:07d}.tmp-"))
     try:
+        tmp.chmod(0o755)
         with open(tmp / STATE, "wb") as f:
             np.savez(f, **{f"leaf_{i:05d}": a for i, a in enumerate(leaves)})
             f.flush()
             os.fsync(f.fileno())
         manifest = {
             **meta,
+            **({"config": config_key(meta["spec"])} if isinstance(meta.get("spec"), dict) else {}),
             "format": FORMAT,
             "step": step,
             "tree_paths": _paths(state),
@@ -95,6 +103,10 @@ def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: in
             f.flush()
             os.fsync(f.fileno())
         _fsync(tmp)
+        if path.exists():  # another configuration's (or a damaged) step_N: replaced
+            gone = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step:07d}.tmp-"))
+            os.replace(path, gone / "old")
+            shutil.rmtree(gone, ignore_errors=True)
         os.replace(tmp, path)
         _fsync(ckpt_dir)
     except OSError as e:
@@ -108,6 +120,16 @@ def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: in
     for old in all_checkpoints(ckpt_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def _same_run(path: Path, meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint at ``path`` is intact-looking and of ``meta``'s settings."""
+    try:
+        saved = read_meta(path)
+    except Damaged:
+        return False
+    spec = meta.get("spec")
+    return not isinstance(spec, dict) or config_key(saved["spec"]) == config_key(spec)
 
 
 def all_checkpoints(ckpt_dir: str | Path) -> list[Path]:
@@ -128,31 +150,65 @@ def remove_temporaries(ckpt_dir: str | Path) -> list[Path]:
     d = Path(ckpt_dir)
     gone = [p for p in d.iterdir() if _TMP_DIR.match(p.name)] if d.is_dir() else []
     for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
+        if p.is_symlink():  # never followed: only the link goes
+            p.unlink()
+        else:
+            shutil.rmtree(p, ignore_errors=True)
     return gone
 
 
+def _int(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _leaf_ok(e: Any) -> bool:
+    """A manifest's leaf entry: a shape of small non-negative ints, a plain numeric dtype,
+    a SHA-256 in hex."""
+    if not isinstance(e, dict):
+        return False
+    shape, dtype, sha = e.get("shape"), e.get("dtype"), e.get("sha256")
+    return (isinstance(shape, list) and len(shape) <= 32
+            and all(_int(d, 0, 1 << 40) for d in shape)
+            and isinstance(dtype, str) and _DTYPE.match(dtype) is not None
+            and isinstance(sha, str) and _SHA.match(sha) is not None)  # fmt: skip
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path`` (``Damaged`` if it is not one)."""
+    """The manifest of the checkpoint at ``path``, held to a strict schema (types and
+    ranges; the step its folder's; the configuration key its settings'): ``Damaged``
+    if it is not one."""
     f = Path(path) / META
+    if not f.exists() and not f.is_symlink():
+        raise Damaged(f"{META} is missing")
     try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise Damaged(f"{META} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise Damaged(f"{META} is unreadable ({type(e).__name__})") from None
-    ok = isinstance(meta, dict) and meta.get("format") == FORMAT
-    ok = ok and isinstance(meta.get("step"), int) and isinstance(meta.get("spec"), dict)
+        meta = load_json(f, META, limit=MANIFEST_LIMIT, error=Damaged)
+    except Damaged as e:
+        raise Damaged(f"{META} is unreadable ({str(e).removeprefix(f'{META} {f}: ')})") from None
+    ok = isinstance(meta, dict) and _int(meta.get("format"), FORMAT, FORMAT)
+    ok = ok and _int(meta.get("step"), 0, 10**12) and isinstance(meta.get("spec"), dict)
     ok = ok and isinstance(meta.get("tree_paths"), list) and isinstance(meta.get("leaves"), list)
     ok = ok and len(meta["tree_paths"]) == len(meta["leaves"])
     if not ok:
         raise Damaged(f"{META} lacks the format, step, settings or leaves of a checkpoint")
+    if not all(isinstance(t, str) for t in meta["tree_paths"]):
+        raise Damaged(f"{META}: a tree path is not text")
+    if not all(_leaf_ok(e) for e in meta["leaves"]):
+        raise Damaged(f"{META}: a leaf lacks a valid shape, numeric dtype or SHA-256")
+    m = _STEP_DIR.match(Path(path).name)
+    if m and int(m.group(1)) != meta["step"]:
+        raise Damaged(f"{META} says step {meta['step']}, its folder {Path(path).name}")
+    if "config" in meta and meta["config"] != config_key(meta["spec"]):
+        raise Damaged(f"{META}: its configuration key does not match its settings")
     return meta
 
 
 def read_leaves(path: str | Path, meta: dict[str, Any]) -> list[np.ndarray]:
     """Every array of the checkpoint, each checked against its shape, dtype and digest."""
     out = []
+    try:
+        check_regular(Path(path) / STATE, STATE, 1 << 44, error=Damaged)
+    except Damaged as e:
+        raise Damaged(str(e).replace(f"{STATE} {Path(path) / STATE}:", f"{STATE}")) from None
     try:
         with np.load(Path(path) / STATE, allow_pickle=False) as z:
             for i, want in enumerate(meta["leaves"]):
@@ -190,9 +246,11 @@ class Choice:
         return f"resuming from {self.path}" + (f" ({why})" if why else "")
 
 
-def resolve(path: str | Path) -> Choice:
-    """The newest intact checkpoint ``path`` names: a checkpoint itself, a run folder or
-    its ``checkpoints`` folder. A UsageError says why none can be used."""
+def resolve(path: str | Path, config: dict[str, Any] | None = None) -> Choice:
+    """The newest intact checkpoint ``path`` names (a checkpoint itself, a run folder or
+    its ``checkpoints`` folder) of the configuration ``config`` (settings; None: any):
+    one written by other settings is skipped, the settings that differ named. A
+    UsageError says why none can be used."""
     p = Path(path)
     if _STEP_DIR.match(p.name) and p.is_dir():
         candidates = [p]
@@ -204,14 +262,19 @@ def resolve(path: str | Path) -> Choice:
             "step_N, or a step_N folder)"
         )
     skipped = []
+    want = config_key(config) if config is not None else None
     for c in reversed(candidates):
         try:
             meta = read_meta(c)
+            if want is not None and config_key(meta["spec"]) != want:
+                keys = differing(config, meta["spec"])[:4]
+                what = ", ".join(f"{k} {meta['spec'][k]!r}, the run's {config[k]!r}" for k in keys)
+                raise Damaged(f"written by another configuration ({what or 'other settings'})")
             return Choice(c, meta, read_leaves(c, meta), tuple(skipped))
         except Damaged as e:
             skipped.append((c.name, str(e)))
     reasons = "; ".join(f"{n}: {r}" for n, r in skipped)
-    raise UsageError(f"--resume {path}: no intact checkpoint ({reasons})")
+    raise UsageError(f"--resume {path}: no intact checkpoint of this run ({reasons})")
 
 
 def restore(choice: Choice | str | Path, like: TrainState) -> TrainState:

@@ -8,13 +8,21 @@ fresh run into a folder with another run's files is refused unless
 ``--overwrite`` (which removes them first), while ``--resume`` continues the
 run the folder holds. Temporary checkpoint folders a killed writer left are
 removed. Anything wrong is a one-line ``UsageError``.
+
+Nothing refdl writes there follows a link it did not make: the lock is opened with
+``O_NOFOLLOW`` (a link planted at ``.lock`` is removed, never followed), temporaries
+are fresh ``mkstemp``/``mkdtemp`` names, files are renamed into place (replacing a
+link instead of writing through it), and a ``checkpoints`` that is a link is refused.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +40,24 @@ def _holds_a_run(out: Path) -> str | None:
     return None
 
 
+def _open_lock(out: Path) -> IO[str]:
+    """``out/.lock`` as a regular file refdl opened itself: a link planted there is
+    removed (never followed), anything else that is not a file is refused."""
+    path = out / ".lock"
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"--out {out}: .lock is not a regular file; remove it and run again")
+    return os.fdopen(fd, "r+")
+
+
 class RunFolder:
     """The ``--out`` folder of one run, locked while the run writes to it."""
 
@@ -47,7 +73,7 @@ class RunFolder:
         try:
             self.made = not out.exists()
             out.mkdir(parents=True, exist_ok=True)
-            self._lock = open(out / ".lock", "a+")  # noqa: SIM115  (held until close())
+            self._lock = _open_lock(out)
         except OSError as e:
             self._undo()
             raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})") from None
@@ -75,10 +101,15 @@ class RunFolder:
                         f"continue it with --resume {out}, or replace it with --overwrite"
                     )
                 self._clear()
+            if (out / "checkpoints").is_symlink():
+                raise UsageError(
+                    f"--out {out}: checkpoints is a link to {os.readlink(out / 'checkpoints')}; "
+                    "refdl writes only inside the run folder: put the folder itself there"
+                )
             checkpoint.remove_temporaries(out / "checkpoints")
-            probe = out / ".write-test"
-            probe.write_text("ok\n")
-            probe.unlink()
+            fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test-")
+            os.close(fd)
+            os.unlink(probe)
         except OSError as e:
             self.close()
             self._undo()
@@ -91,9 +122,9 @@ class RunFolder:
         """``--overwrite``: remove the other run's files (nothing else in the folder)."""
         for name in RUN_FILES:
             p = self.out / name
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
-            elif p.exists():
+            elif p.exists() or p.is_symlink():
                 p.unlink()
         for p in self.out.glob("events.out.tfevents.*"):
             p.unlink()

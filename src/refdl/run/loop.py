@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from refdl.config.spec import RunSpec, differing
+from refdl.config.spec import RunSpec
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import epoch_of
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
@@ -80,11 +80,13 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
             return {}
         stopper.armed = True  # from here a signal stops the loop after a step, cleanly
         folder = _open_folder(out, spec, primary)
+        stopper.run_dir = str(out.absolute())
         try:
             return _Loop(run, out, primary, state, start, t_start).train()
         finally:
             folder.close()
     finally:
+        stopper.run_dir = None
         if installed_here:  # a library call: hand the signals back (a CLI keeps them armed)
             stopper.armed = False
             stopper.uninstall()
@@ -126,14 +128,7 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
     spec, strategy = run.spec, run.strategy
     if not spec.resume:
         return strategy.init_state(spec.seed), 0
-    choice = checkpoint.resolve(spec.resume)
-    diff = differing(choice.meta["spec"], spec.to_dict())
-    if diff:
-        parts = ", ".join(f"{k} {getattr(spec, k)!r} (checkpoint {choice.meta['spec'][k]!r})"
-                          for k in diff)  # fmt: skip
-        raise UsageError(
-            f"--resume {choice.path}: the checkpoint belongs to another configuration: {parts}"
-        )
+    choice = checkpoint.resolve(spec.resume, spec.to_dict())  # of this configuration only
     if processes.launched_rank() == 0:
         print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
     host = checkpoint.restore(choice, strategy.host_template(spec.seed))
@@ -205,12 +200,20 @@ class _Loop:
                 self.watchdog.close()
             if getattr(self, "bar", None) is not None:
                 self.bar.close()
-            result = self._finish(status, reason, whole)
+            closing = None
             if hasattr(self, "writer"):
-                self.writer.close()
+                try:
+                    self.writer.close()
+                except OSError as e:  # the files' last bytes: a failure only if none before
+                    if status == "completed":  # (the state is whole: every rank goes on)
+                        status, reason = "failed", _write_failure(e, self.ckpt_dir)
+                        closing = WriteError(reason)
+            result = self._finish(status, reason, whole)
             self.strategy.finish()
             if self.strategy.lockstep and whole:
                 processes.barrier()  # no rank exits while rank 0 still writes
+        if closing is not None:
+            raise closing
         if status == "interrupted":
             raise Interrupted(self.stop.signum, self.checkpoint_written)
         return result

@@ -23,12 +23,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from tensorboardX import SummaryWriter
 
+from refdl.config.files import MiB, loads_json, read_text
+from refdl.config.paths import open_append, write_atomic
 from refdl.core.layers import param_count
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 from refdl.run.build import Run
+from refdl.run.events import EventFile
 
 SUMMARY_KEYS = (
     "strategy",
@@ -127,21 +129,66 @@ def finite(obj: Any) -> Any:
     return obj
 
 
+RESERVED = 4096  # bytes summary.json holds from the start: room for its last word
+
+
 def write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Write ``obj`` as JSON atomically (a temporary file, then a rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(finite(obj), indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON atomically (a fresh temporary, then a rename). When that
+    fails (a full disk) and ``path`` already holds enough bytes - ``summary.json``
+    reserves ``RESERVED`` when a run starts - it is overwritten in place, which needs no
+    new blocks."""
+    text = json.dumps(finite(obj), indent=2) + "\n"
+    try:
+        write_atomic(path, text)
+    except OSError:
+        if not _in_place(path, text):
+            raise
+
+
+def _in_place(path: Path, text: str) -> bool:
+    """Overwrite a regular file (never a link) no shorter than ``text`` with it."""
+    try:
+        size = os.lstat(path).st_size
+        if len(text.encode()) > size:
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+            os.ftruncate(fd, len(text.encode()))  # frees blocks, needs none
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def reserve_summary(path: Path) -> None:
+    """A placeholder ``summary.json`` of ``RESERVED`` bytes, honest while the run runs
+    (``started``), so the run's last word fits even when the disk fills meanwhile."""
+    text = json.dumps(
+        {
+            "status": "started",
+            "run_dir": str(path.parent),
+            "reason": "the run has not finished (running, or killed)",
+        },
+        indent=2,
+    )
+    write_atomic(path, text.ljust(RESERVED - 1) + "\n")  # fmt: skip
+
+
+METRICS_LIMIT = 1024 * MiB  # a million rows of a long run
 
 
 def read_metrics(path: Path, up_to: int | None = None) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` (up to step ``up_to``); a torn last line (a run
     killed mid-write) is dropped, a malformed earlier one is an error naming the line."""
     rows = []
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    text = read_text(path, "run file", limit=METRICS_LIMIT)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     for i, line in enumerate(lines):
         try:
-            row = json.loads(line)
+            row = loads_json(line, f"{path} line {i + 1}", ValueError)
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                 raise ValueError("no integer step")
         except ValueError:
@@ -168,32 +215,50 @@ class Writer:
         path = out / "metrics.jsonl"
         kept = read_metrics(path, resume_step) if resume_step is not None and path.exists() else []
         # Rows past the checkpoint we resume from are dropped: they will be recomputed.
-        tmp = out / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
-        self._f = open(path, "a")  # noqa: SIM115  (closed in close())
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._f = open_append(path)
         # purge_step: TensorBoard hides an earlier event file's steps past the resume point.
-        self._tb = SummaryWriter(str(out), purge_step=resume_step, flush_secs=5)
+        self._tb = EventFile(out, purge_step=resume_step)
+        reserve_summary(out / "summary.json")
 
     def metric(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._f.write(json.dumps(finite(row)) + "\n")
-        self._f.flush()
-        for key, tag in TB_TAGS.items():
-            value = row.get(key)
-            scalar = isinstance(value, int | float) and not isinstance(value, bool)
-            if scalar and math.isfinite(value):
-                self._tb.add_scalar(tag, float(value), row["step"], walltime=time.time())
+        try:
+            self._f.write(json.dumps(finite(row)) + "\n")
+            self._f.flush()
+        except OSError as e:
+            e.filename = e.filename or str(self.out / "metrics.jsonl")
+            raise
+        try:
+            for key, tag in TB_TAGS.items():
+                value = row.get(key)
+                scalar = isinstance(value, int | float) and not isinstance(value, bool)
+                if scalar and math.isfinite(value):
+                    self._tb.scalar(tag, float(value), row["step"], walltime=time.time())
+            self._tb.flush()
+        except OSError as e:
+            e.filename = e.filename or self._tb.path
+            raise
 
     def json(self, name: str, obj: dict[str, Any]) -> None:
         if self.enabled:
             write_json(self.out / name, obj)
 
     def close(self) -> None:
-        if self.enabled:
-            self._f.close()
-            self._tb.close()
+        """Close both files (each tried); the first write error is raised after."""
+        if not self.enabled:
+            return
+        failed = None
+        for f in (self._f, self._tb):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError as e:
+                failed = failed or e
+        self._f = self._tb = None
+        if failed is not None:
+            raise failed
 
 
 def summary(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from refdl.config.choices import LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES
+from refdl.config.files import read_text
 from refdl.config.values import Choice, Flag, Float, Int, Text
 from refdl.errors import UsageError
 from refdl.validate.tfevents import event_files, read_event_scalars
@@ -114,18 +115,7 @@ class Log:
 
 def _text(path: Path, what: str) -> str:
     """A regular file's text (not a FIFO or device: those would block or never end)."""
-    if not path.is_file():
-        raise UsageError(
-            f"{what} {path}: no such file"
-            if not path.exists()
-            else f"{what} {path}: not a regular file"
-        )
-    if path.stat().st_size > MAX_BYTES:
-        raise UsageError(f"{what} {path}: larger than {MAX_BYTES >> 20} MiB; not a log")
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{what} {path}: cannot read it as UTF-8 text ({e})") from None
+    return read_text(path, what, limit=MAX_BYTES)
 
 
 def _number(text: str) -> int | float | str:

@@ -25,9 +25,11 @@ from google.protobuf.message import DecodeError
 from tensorboardX.crc32c import crc32c
 from tensorboardX.proto import event_pb2
 
+from refdl.config.files import read_bytes
 from refdl.errors import UsageError
 
 MAX_RECORD = 64 << 20  # a scalar event is ~100 bytes; a length beyond this is damage
+MAX_FILE = 1 << 30  # an event file of a very long run
 # TensorProto dtypes a scalar may carry, with their NumPy types
 DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 9: np.int64, 19: np.float16}
 
@@ -74,10 +76,7 @@ def _value(v) -> float | None:
 def read_scalars(path: Path) -> tuple[dict[str, list[Scalar]], int]:
     """``({tag: [Scalar, ...]}, dropped)`` from one event file; ``dropped`` counts a partial
     last record. Raises UsageError naming the file and the offset of any damage."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read it ({e.strerror or e})") from None
+    data = read_bytes(path, "TensorBoard event file", limit=MAX_FILE)
     out: dict[str, list[Scalar]] = {}
     pos, dropped = 0, 0
     while pos < len(data):

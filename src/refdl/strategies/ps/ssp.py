@@ -11,7 +11,6 @@ the read and this one (the async-SGD definition).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from refdl.config.files import load_json
 from refdl.errors import UsageError
 
 TRAILER = 2  # each gradient message ends with (loss, clock)
@@ -125,10 +125,7 @@ def load_trace(
     """A recorded arrival order (``ps_trace`` of a run's ``summary.json``), checked against
     ``workers`` and ``steps``: the replay must be of the same run from step 0."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"--ps-trace {path}: cannot read it as JSON ({e})") from None
+    data = load_json(path, "--ps-trace", limit=256 << 20)
     trace = data.get("ps_trace") if isinstance(data, dict) else data
     if not trace or not isinstance(trace, list):
         raise UsageError(f"--ps-trace {path}: no ps_trace recorded there (an async/ssp run)")
