@@ -199,7 +199,49 @@ OTHERS = [
     ("hw: profile unknown", "refdl.hw", ["show", "nope"], "unknown hardware profile 'nope'"),
 ]  # fmt: skip
 
-CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS
+# Issue 32: files from elsewhere (special files, bombs, deep nesting, paths in files) and
+# values that were accepted but meant nothing.
+FOREIGN = [
+    ("zero with single", "refdl.train", ["--zero", "3"],
+     "--zero is an option of --strategy fsdp, not of --strategy single"),
+    ("warm-up beyond steps", "refdl.train", ["--warmup-steps", "500", "--steps", "10"],
+     "--warmup-steps 500 is beyond --steps 10"),
+    ("servers beyond simulated workers", "refdl.train",
+     ["--strategy", "ps", "--simulate", "--workers", "2", "--servers", "4", "--batch-size", "64"],
+     "--servers 4 is more than the 2 simulated workers"),
+    ("mnist label 255", "refdl.train", ["--dataset", "mnist", "--data-dir", f"{T}/biglabels"],
+     "label 255 is not below 10 classes"),
+    ("IDX of huge dimensions", "refdl.train", ["--dataset", "mnist", "--data-dir", f"{T}/huge"],
+     "asks for 17179869184 bytes"),
+    ("CIFAR nested-list bomb", "refdl.train", ["--dataset", "cifar10", "--data-dir", f"{T}/bomb"],
+     "nested containers"),
+    ("FIFO as a data file", "refdl.train", ["--dataset", "ptb", "--model", "lstm_lm",
+                                            "--data-dir", f"{T}/fifodata"], "is a FIFO"),
+    ("FIFO as a topology file", "refdl.train",
+     ["--strategy", "decentralized", "--devices", "2", "--topology", f"{T}/fifo"], "is a FIFO"),
+    ("deep JSON as a ps trace", "refdl.train",
+     ["--strategy", "ps", "--simulate", "--ps-mode", "async", "--ps-trace", f"{T}/deep.json"],
+     "nested deeper than 64 levels"),
+    ("checkpoint manifest step true", "refdl.train", ["--resume", f"{T}/steptrue"],
+     "lacks the format, step, settings or leaves"),
+    ("checkpoints folder a link", "refdl.train", ["--out", f"{T}/linked"],
+     "checkpoints is a link to"),
+    ("predict: profile key unknown", "refdl.predict",
+     ["--hw", f"{T}/unknownkey.toml", "--model", "mlp"], "key links.intra.bandwith is not one of"),
+    ("predict: profile name with escapes", "refdl.predict",
+     ["--hw", f"{T}/escape.toml", "--model", "mlp"], "without control characters"),
+    ("predict: profile nested deep", "refdl.predict",
+     ["--hw", f"{T}/deep.toml", "--model", "mlp"], "nested deeper than 64 levels"),
+    ("predict: profile a FIFO", "refdl.predict", ["--hw", f"{T}/fifo.toml", "--model", "mlp"],
+     "is a FIFO"),
+    ("recipe: list for a number", "refdl.bench", ["run", f"{T}/steplist.toml"],
+     "[fixed] steps must be an integer"),
+    ("recipe: names out", "refdl.bench", ["run", f"{T}/recipeout.toml"], "never by a recipe"),
+    ("recipe: a FIFO", "refdl.bench", ["run", f"{T}/fifo.toml"], "is a FIFO"),
+    ("validate: log a FIFO", "refdl.validate", ["--results", f"{T}/fifo.jsonl"], "is a FIFO"),
+]  # fmt: skip
+
+CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
 
 
 class Evil:
@@ -253,6 +295,7 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "log.jsonl").write_text('{"config": {"model": "mlp"}}\n{"step": "abc", "loss": 1}\n')
     (tmp / "good.jsonl").write_text('{"config": {"model": "mlp", "steps": 2}}\n'
                                     '{"step": 0, "loss": 2.3}\n{"step": 1, "loss": 2.2}\n')  # fmt: skip
+    make_foreign_inputs(tmp, good)
     head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'
     (tmp / "min.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = "high" }\n')
     (tmp / "timeout.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = 0.5 }\n'
@@ -261,6 +304,51 @@ def make_inputs(tmp: Path) -> None:
                                     '[acceptable]\nTestAccuracy = { min = 0.5 }\n')  # fmt: skip
     (tmp / "section.toml").write_text(head + "[acceptable]\nTestAccuracy = { min = 0.5 }\n"
                                       "[extras]\nx = 1\n")  # fmt: skip
+
+
+def make_foreign_inputs(tmp: Path, profile: str) -> None:
+    """Issue 32's files: special files, bombs, deep nesting, a damaged manifest."""
+    import numpy as np
+
+    for name in ("fifo", "fifo.toml", "fifo.jsonl"):
+        os.mkfifo(tmp / name)
+    (tmp / "fifodata").mkdir()
+    os.mkfifo(tmp / "fifodata" / "ptb.train.txt")
+    (tmp / "fifodata" / "ptb.test.txt").write_text("a b c\n")
+    for name, labels in (("biglabels", [1, 255, 2, 0]),):
+        d = tmp / name
+        d.mkdir()
+        for split in ("train", "t10k"):
+            idx(d / f"{split}-images-idx3-ubyte", np.zeros((4, 8, 8), np.uint8))
+            idx(d / f"{split}-labels-idx1-ubyte", np.asarray(labels, np.uint8))
+    (tmp / "huge").mkdir()
+    for split in ("train", "t10k"):
+        head = bytes([0, 0, 0x08, 3]) + struct.pack(">3I", 1 << 16, 1 << 9, 1 << 9)
+        (tmp / "huge" / f"{split}-images-idx3-ubyte").write_bytes(head + bytes(64))
+        idx(tmp / "huge" / f"{split}-labels-idx1-ubyte", np.zeros(4, np.uint8))
+    (tmp / "bomb").mkdir()
+    nested: list = [0]
+    for _ in range(40):  # 2**40 leaves once expanded, a few hundred bytes pickled
+        nested = [nested, nested]
+    for name in ("data_batch_1", "test_batch"):
+        batch = {b"data": np.zeros((2, 3072), np.uint8), b"labels": nested}
+        (tmp / "bomb" / name).write_bytes(pickle.dumps(batch, protocol=2))
+    (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "deep.toml").write_text(profile + "\nextra = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp / "unknownkey.toml").write_text(profile.replace("[links.intra]\n",
+                                                         "[links.intra]\nbandwith = 1\n"))
+    (tmp / "escape.toml").write_text(profile.replace('name = "', 'name = "\\u001b[31m', 1))
+    ckpt = tmp / "steptrue" / "checkpoints" / "step_0000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text('{"format": 1, "step": true, "spec": {}, "tree_paths": [], '
+                                    '"leaves": []}')  # fmt: skip
+    np.savez(ckpt / "state.npz")
+    (tmp / "linked").mkdir()
+    (tmp / "elsewhere").mkdir()
+    (tmp / "linked" / "checkpoints").symlink_to(tmp / "elsewhere")
+    head = '[recipe]\nname = "x"\n[acceptable]\nTestAccuracy = { min = 0.5 }\n[fixed]\n'
+    (tmp / "steplist.toml").write_text(head + 'model = "mlp"\nsteps = [1, 2]\n')
+    (tmp / "recipeout.toml").write_text(head + 'model = "mlp"\nout = "/tmp/another-run"\n')
 
 
 def run_case(tmp: Path, module: str, args: list[str]) -> subprocess.CompletedProcess:

@@ -62,7 +62,7 @@ def adjacency(name: str, n: int) -> np.ndarray:
 def _read_adjacency(path: str, n: int) -> np.ndarray:
     """An adjacency file: n lines of n 0/1 numbers (symmetric)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise UsageError(
             f"unknown --topology {path!r}: choose one of {', '.join(TOPOLOGIES)} or give an "
             "adjacency file (n lines of n 0/1 numbers)"

@@ -72,7 +72,7 @@ def _find(data_dir: str | Path, name: str) -> Path:
     if not d.is_dir():
         raise DataError(f"{d}: not a readable directory (check --data-dir)")
     for cand in (d / name, d / f"{name}.gz"):
-        if cand.is_file():
+        if cand.exists():  # a FIFO or folder there is refused by the reader, by name
             return cand
     raise DataError(f"{d / name}: missing (also looked for {name}.gz)")
 

@@ -129,7 +129,7 @@ class ZarrDataset(Dataset):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         meta = self.path / "info.json"
-        if not meta.is_file():
+        if not meta.exists():
             raise DataError(
                 f"{meta}: missing; is {self.path} a store written by refdl.data convert?"
             )

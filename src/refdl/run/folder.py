@@ -93,6 +93,11 @@ class RunFolder:
             self._lock.truncate()
             self._lock.write(f"{os.getpid()}\n")
             self._lock.flush()
+            if (out / "checkpoints").is_symlink() and (self.resume or not self.overwrite):
+                raise UsageError(
+                    f"--out {out}: checkpoints is a link to {os.readlink(out / 'checkpoints')}; "
+                    "refdl writes only inside the run folder: put the folder itself there"
+                )
             found = _holds_a_run(out)
             if found and not self.resume:
                 if not self.overwrite:
@@ -101,11 +106,6 @@ class RunFolder:
                         f"continue it with --resume {out}, or replace it with --overwrite"
                     )
                 self._clear()
-            if (out / "checkpoints").is_symlink():
-                raise UsageError(
-                    f"--out {out}: checkpoints is a link to {os.readlink(out / 'checkpoints')}; "
-                    "refdl writes only inside the run folder: put the folder itself there"
-                )
             checkpoint.remove_temporaries(out / "checkpoints")
             fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test-")
             os.close(fd)

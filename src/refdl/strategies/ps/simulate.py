@@ -31,6 +31,8 @@ class Simulator:
         self.ps = ps
         self.trace: list[tuple[int, int, int]] = []  # what was applied, in order
         self.start_step: int | None = None
+        if ps.spec.ps_trace:  # a bad file is refused before the run folder is made
+            load_trace(ps.spec.ps_trace, ps.w, ps.spec.steps, 0)
 
     def _begin(self, state: TrainState, step: int) -> None:
         ps = self.ps
