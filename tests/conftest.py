@@ -56,6 +56,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a fresh tmpfs of ``size`` (``"2m"``, ``"64k"``) under ``tmp_path``,
+    unmounted after the test; skipped where this process may not mount (CI runs as root)."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"disk-{size}"
+        mnt.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip()})")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
 def digits():
     from refdl.data import load_dataset
 

@@ -1,5 +1,11 @@
 """Errors a user can act on: each becomes one line on stderr and exit status 2."""
 
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
 
 class UsageError(ValueError):
     """Bad input from the user: the message says what is wrong and what to do, on one
@@ -29,3 +35,21 @@ class Interrupted(Exception):
 class WriteError(RuntimeError):
     """A run's file could not be written (disk full, unwritable); the message names the
     last good checkpoint. The CLI prints it as one line and exits 1."""
+
+
+def exit_status(main: Callable[[], int | None], prog: str) -> int:
+    """Run a CLI's ``main`` and flush its output: a write that fails where no command
+    handled it (standard output on a full disk, a closed pipe) is one line and exit 1,
+    not a traceback."""
+    try:
+        status = main()
+        sys.stdout.flush()
+        return int(status or 0)
+    except BrokenPipeError:  # `| head` closed the pipe: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        where = e.filename or "standard output"
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
+        print(f"{prog}: error: cannot write {where} ({e.strerror or e})", file=sys.stderr)
+        return 1

@@ -418,4 +418,6 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from refdl.errors import exit_status
+
+    sys.exit(exit_status(main, "refdl.train"))

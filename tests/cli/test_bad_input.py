@@ -335,8 +335,9 @@ def make_foreign_inputs(tmp: Path, profile: str) -> None:
         (tmp / "bomb" / name).write_bytes(pickle.dumps(batch, protocol=2))
     (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (tmp / "deep.toml").write_text(profile + "\nextra = " + "[" * 100_000 + "]" * 100_000 + "\n")
-    (tmp / "unknownkey.toml").write_text(profile.replace("[links.intra]\n",
-                                                         "[links.intra]\nbandwith = 1\n"))
+    (tmp / "unknownkey.toml").write_text(
+        profile.replace("[links.intra]\n", "[links.intra]\nbandwith = 1\n")
+    )
     (tmp / "escape.toml").write_text(profile.replace('name = "', 'name = "\\u001b[31m', 1))
     ckpt = tmp / "steptrue" / "checkpoints" / "step_0000001"
     ckpt.mkdir(parents=True)

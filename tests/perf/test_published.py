@@ -130,6 +130,10 @@ def test_bad_achieved_tables_name_the_key(tmp_path):
     text = (ROOT / "src/refdl/hw/profiles/h100-nvlink.toml").read_text()
     bad = text.replace("[achieved.nccl.intra]\nlatency_s", "[achieved.nccl.intra]\nlatency_x")
     (tmp_path / "p.toml").write_text(bad)
+    with pytest.raises(UsageError, match=r"achieved\.nccl\.intra\.latency_x is not one of"):
+        hw.load(tmp_path / "p.toml")  # a misspelt key is named, not taken for a missing one
+    gone = text.replace("[achieved.nccl.intra]\nlatency_s", "[achieved.nccl.intra]\n#")
+    (tmp_path / "p.toml").write_text(gone)
     with pytest.raises(UsageError, match=r"achieved\.nccl\.intra\.latency_s is missing"):
         hw.load(tmp_path / "p.toml")
     (tmp_path / "q.toml").write_text(text.replace('library = "nccl"', 'library = "ucx"'))

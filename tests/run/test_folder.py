@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import subprocess
 
 import pytest
 
@@ -23,19 +22,22 @@ def one_line(proc) -> str:
 
 
 def test_a_folder_holding_another_run_is_refused_unless_overwrite(tmp_path):
-    first = run_cli(*MLP, "--steps", "5", "--seed", "0", "--out", str(tmp_path))
-    assert first.returncode == 0, first.stderr
-    again = run_cli(*MLP, "--steps", "5", "--seed", "7", "--out", str(tmp_path))
-    assert again.returncode == 2
-    assert f"--out {tmp_path} holds another run (config.json)" in one_line(again)
+    from refdl.config.spec import RunSpec
+    from refdl.run.checkpoint import resolve
+    from refdl.run.loop import fit
+
+    def spec(seed: int, **kw) -> RunSpec:
+        return RunSpec(model="mlp", steps=5, seed=seed, eval_every=0, progress=False,
+                       out=str(tmp_path), **kw)  # fmt: skip
+
+    assert fit(spec(0))["status"] == "completed"
+    with pytest.raises(UsageError, match=f"--out {tmp_path} holds another run \\(config.json\\)"):
+        fit(spec(7))
     assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 0  # untouched
-    over = run_cli(*MLP, "--steps", "5", "--seed", "7", "--out", str(tmp_path), "--overwrite")
-    assert over.returncode == 0, over.stderr
+    assert fit(spec(7, overwrite=True))["seed"] == 7
     assert json.loads((tmp_path / "summary.json").read_text())["seed"] == 7
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts == ["step_0000005"]
-    from refdl.run.checkpoint import resolve
-
     assert resolve(tmp_path).meta["spec"]["seed"] == 7  # the old run's checkpoints are gone
 
 
@@ -64,17 +66,9 @@ def test_a_file_is_no_folder_and_a_new_folder_is_made(tmp_path):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs: room for two of the mlp's checkpoints and not a third. Skipped where
-    this process may not mount (CI machines run as root; others may not)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)  # fmt: skip
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip()})")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def small_disk(tmpfs):
+    """A 2 MiB tmpfs: room for two of the mlp's checkpoints and not a third."""
+    return tmpfs("2m")
 
 
 def test_a_full_disk_is_one_line_exit_1_naming_the_last_good_checkpoint(small_disk):

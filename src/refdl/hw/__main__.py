@@ -50,4 +50,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from refdl.errors import exit_status
+
+    sys.exit(exit_status(main, "refdl.hw"))

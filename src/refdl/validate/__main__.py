@@ -222,4 +222,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from refdl.errors import exit_status
+
+    sys.exit(exit_status(main, "refdl.validate"))
