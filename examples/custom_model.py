@@ -56,8 +56,8 @@ def main() -> None:
         spec = refdl.RunSpec(strategy=strategy, **base, **kw)
         diff = refdl.assert_equivalent(spec, steps=5, rtol=1e-5, atol=1e-6)
         print(f"tiny_cnn {strategy:8s} {kw}: equal to single over 5 steps ({diff})")
-    summary = refdl.fit(refdl.RunSpec(strategy="single", steps=200, eval_every=0, **base),
-                        out="runs/tiny_cnn")  # fmt: skip
+    final = refdl.RunSpec(strategy="single", steps=200, eval_every=0, overwrite=True, **base)
+    summary = refdl.fit(final, out="runs/tiny_cnn")  # overwrite: the example can be rerun
     print(f"tiny_cnn single, 200 steps: test accuracy {summary['test_accuracy']:.3f}")
     assert summary["test_accuracy"] > 0.9
 

@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "refdl"
 
 # Layers, bottom to top (docs/design.md); a module may import its own layer or lower ones.
 LAYERS = {
-    "refdl.errors": 0, "refdl.registry": 0,
+    "refdl.errors": 0, "refdl.registry": 0, "refdl.progress": 0,
     "refdl.config": 1,
     "refdl.core": 2, "refdl.models": 2, "refdl.data": 2, "refdl.comm": 2, "refdl.parallel": 2,
     "refdl.strategies": 3, "refdl.perf": 3,

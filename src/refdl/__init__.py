@@ -15,6 +15,7 @@ simulated device count before JAX's backend starts).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -42,6 +43,8 @@ _PUBLIC = {
     "UsageError": "refdl.errors",
 }
 _ALIASES = {"register_model": "register", "register_strategy": "register"}
+# Calls whose refusals are worded for a library caller (arguments, not flags).
+_WORDED = {"build", "trajectory", "run_steps", "fit", "assert_equivalent"}
 __all__ = sorted(_PUBLIC)
 
 
@@ -49,8 +52,26 @@ def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
         raise AttributeError(f"module 'refdl' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name]), _ALIASES.get(name, name))
+    if name in _WORDED:
+        value = _in_arguments(value)
     globals()[name] = value
     return value
+
+
+def _in_arguments(fn: Any) -> Any:
+    """``fn`` whose UsageError names ``RunSpec`` arguments (``overwrite=True``) where the
+    command line's message names flags (``--overwrite``)."""
+    from refdl.config.spec import as_arguments
+    from refdl.errors import UsageError
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as e:
+            raise type(e)(as_arguments(str(e))) from None
+
+    return call
 
 
 def __dir__() -> list[str]:

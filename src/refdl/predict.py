@@ -445,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['algbw'] / 1e9:14.2f} "
                 f"{r['busbw'] / 1e9:14.2f}"
             )
+        print("time: expected with the library's fitted latency and fraction of line rate; "
+              "bound: one latency plus the "
+              "data at full line rate, as in-network reduction (SHARP) moves it - no run is "
+              "faster; algbw = bytes / time, busbw = algbw "
+              "x the collective's bus factor (as nccl-tests report them)")  # fmt: skip
         if "note" in rows[0]:
             print(f"note: {rows[0]['note']}")
     return 0

@@ -340,7 +340,8 @@ def print_list() -> None:
     for name in MODELS.names():
         m = MODELS.get(name)
         opts = ", ".join(f"{k}={v}" for k, v in m.defaults_of_options().items())
-        print(f"  {name:12s} {m.doc} [{m.data_kind}] options: {opts}")
+        trains = ", ".join(f"{k} {v}" for k, v in m.defaults.items())
+        print(f"  {name:12s} {m.doc} [{m.data_kind}] trains with: {trains}; options: {opts}")
     print("data sets:")
     for name in DATASETS.names():
         d = DATASETS.get(name)

@@ -214,7 +214,7 @@ def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
     assert same.returncode == 0, same.stderr
 
 
-def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
+def test_tensorboard_events_hold_the_logged_scalars_also_after_a_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from refdl.run.report import TB_TAGS
@@ -223,6 +223,10 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
                    "--log-every", "5", "--eval-every", "10", "--out", str(tmp_path),
                    "--no-progress")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # resumed: the second event file's restart record must not drop step 20's points
+    proc = run_cli("--resume", str(tmp_path), "--steps", "30", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path))
     events.Reload()
@@ -233,6 +237,7 @@ def test_tensorboard_events_hold_the_logged_scalars(tmp_path):
         logged = {r["step"]: r[key] for r in rows if key in r}
         seen = {e.step: e.value for e in events.Scalars(TB_TAGS[key])}
         assert seen.keys() == logged.keys(), key
+        assert max(logged) == 30 and 20 in logged, key
         for step, value in logged.items():
             assert seen[step] == pytest.approx(value, rel=1e-6), (key, step)
 

@@ -7,6 +7,7 @@ installs it. Tolerances are refdl.validate's (stated there and in the README).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -305,6 +306,30 @@ def test_bench_compare_writes_json_and_png(tmp_path):
             row["refdl_samples_per_s"] / row["torch_samples_per_s"]
         )
     assert (tmp_path / "compare_mlp_data.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_bench_compare_on_a_busy_machine_warns_with_the_load_and_the_spread():
+    """Two processes spinning on the 2 cores while bench compare measures: a warning names
+    the load (and the JSON records it, trusted false); --strict makes it exit 1."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]  # fmt: skip
+    try:
+        proc = run_module("refdl.bench", "compare", "--model", "mlp", "--strategy", "single",
+                          "--devices", "1", "--steps", "12", "--warmup", "2", "--rounds", "2",
+                          "--json", "--strict")  # fmt: skip
+    finally:
+        for h in hogs:
+            h.kill()
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["trusted"] is False and r["others_load_cores"]["during"] > 0.5
+    assert r["others_load_cores"]["before"] > 0.5
+    assert set(r["spread"]) == {"refdl on 1", "torch on 1"}
+    lo, hi = r["rows"][0]["refdl_vs_torch_range"]
+    assert lo <= r["rows"][0]["refdl_vs_torch"] <= hi
+    warning = [ln for ln in proc.stderr.splitlines() if "warning: the ratio cannot be" in ln]
+    assert len(warning) == 1 and "other processes used" in warning[0]
 
 
 def test_bench_compare_refuses_unknown_frameworks():

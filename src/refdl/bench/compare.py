@@ -8,9 +8,15 @@ global batch over the median step time after ``--warmup`` steps. refdl's steps
 are walked as its training loop walks them: the host waits for the devices only
 every ``--sync-every`` steps (the loop waits at its logged steps), so host work
 overlaps the devices'; PyTorch's eager steps finish before they return. The two sides
-alternate ``--rounds`` times so a noisy moment does not hit one side only.
-Each PyTorch process gets ``cores / workers`` intra-op threads (at least 1), as
-refdl's simulated devices share the host's cores.
+alternate ``--rounds`` times (who goes first alternating too) so a noisy moment does
+not hit one side only. Each PyTorch process gets ``cores / workers`` intra-op threads
+(at least 1), as refdl's simulated devices share the host's cores.
+
+A busy machine fools such ratios (PyTorch's intra-op threads collapse when the cores
+are taken: 18.6x and 140x were printed on a shared machine). The CPU other processes
+use is measured for a second before and over the whole measurement, and each side's
+spread over the rounds is reported; when either says the ratio cannot be trusted a
+warning names both (the JSON records them, ``trusted`` false), and ``--strict`` exits 1.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +34,11 @@ import jax
 
 from refdl.adapters import torch as adapter
 from refdl.bench import plots
+from refdl.bench.mpi_allreduce import machine_cpu_seconds
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
+from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import run_steps, trajectory
 
@@ -81,31 +90,87 @@ def torch_step_times(
     return adapter.train_ddp(plan, devices).step_times
 
 
+# A ratio is trusted when other processes used less than this share of the cores
+# (before and while measuring) and each side's round medians lie within this spread.
+BUSY_SHARE = 0.15
+MAX_SPREAD = 0.25
+
+
+class OthersLoad:
+    """CPU cores used by other processes since ``start``: the machine's busy CPU seconds
+    (``/proc/stat``) less this process's and its reaped children's."""
+
+    def start(self) -> OthersLoad:
+        self.t, self.busy, self.own = time.monotonic(), self._busy(), self._own()
+        return self
+
+    @staticmethod
+    def _busy() -> float | None:
+        got = machine_cpu_seconds()
+        return got[0] if got else None
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def cores(self) -> float | None:
+        busy, dt = self._busy(), time.monotonic() - self.t
+        if busy is None or self.busy is None or dt <= 0:
+            return None
+        return max(0.0, ((busy - self.busy) - (self._own() - self.own)) / dt)
+
+
 def compare(
     frameworks: list[str], model: str, strategy: str, devices: list[int], steps: int,
     warmup: int, rounds: int, batch: int, sync_every: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """samples/s of each framework at each device count, and refdl / torch."""
-    times: dict[tuple[str, int], list[float]] = {(f, d): [] for f in frameworks for d in devices}
+    """samples/s of each framework at each device count, and refdl / torch; the sides
+    alternate round by round, and the load other processes put on the machine (before
+    and during) and each side's spread over the rounds say whether the ratio holds."""
+    before = OthersLoad().start()
+    time.sleep(1.0)
+    load_before = before.cores()
+    during = OthersLoad().start()
+    per_round: dict[tuple[str, int], list[list[float]]] = {
+        (f, d): [] for f in frameworks for d in devices
+    }
+    todo, done = rounds * len(devices) * len(frameworks), 0
     for r in range(rounds):
         for d in devices:
-            for f in frameworks:
-                print(f"round {r + 1}/{rounds}: {f} {strategy} x{d}", file=sys.stderr)
+            order = frameworks if r % 2 == 0 else frameworks[::-1]  # who goes first alternates
+            for f in order:
+                done += 1
+                phase(f"refdl.bench compare: round {r + 1}/{rounds}, {f} {strategy} on {d} "
+                      f"device(s) ({done}/{todo})")  # fmt: skip
                 if f == "refdl":
                     got = refdl_step_times(model, strategy, d, steps, batch, sync_every)
                 else:
                     got = torch_step_times(model, strategy, d, steps, batch)
-                times[(f, d)] += got[warmup:]
-    rows = []
+                per_round[(f, d)].append(got[warmup:])
+    load_during = during.cores()
+    cores = os.cpu_count() or 1
+    rows, spreads = [], []
     for d in devices:
         row: dict[str, Any] = {"devices": d}
         for f in frameworks:
-            med = statistics.median(times[(f, d)])
+            times = [t for rnd in per_round[(f, d)] for t in rnd]
+            med = statistics.median(times)
+            meds = [batch / statistics.median(rnd) for rnd in per_round[(f, d)]]
             row[f"{f}_step_s"] = med
             row[f"{f}_samples_per_s"] = batch / med
+            row[f"{f}_rounds_samples_per_s"] = meds
+            row[f"{f}_spread"] = (max(meds) - min(meds)) / statistics.median(meds)
+            spreads.append((f"{f} on {d}", row[f"{f}_spread"]))
         if set(FRAMEWORKS) <= set(frameworks):
             row["refdl_vs_torch"] = row["refdl_samples_per_s"] / row["torch_samples_per_s"]
+            ours, theirs = row["refdl_rounds_samples_per_s"], row["torch_rounds_samples_per_s"]
+            row["refdl_vs_torch_range"] = [min(ours) / max(theirs), max(ours) / min(theirs)]
         rows.append(row)
+    doubts = [f"other processes used {v:.2f} of {cores} cores {when}"
+              for when, v in (("before", load_before), ("during the measurement", load_during))
+              if v is not None and v > BUSY_SHARE * cores]  # fmt: skip
+    doubts += [f"{who}'s rounds spread {v:.0%}" for who, v in spreads if v > MAX_SPREAD]
     return {
         "model": model,
         "strategy": strategy,
@@ -114,7 +179,15 @@ def compare(
         "warmup": warmup,
         "rounds": rounds,
         "refdl_sync_every": sync_every,
-        "cores": os.cpu_count(),
+        "cores": cores,
+        "threads": {
+            "refdl": f"XLA's CPU pool over {cores} cores, shared by the simulated devices",
+            "torch": "cores / workers intra-op threads each",
+        },
+        "others_load_cores": {"before": load_before, "during": load_during},
+        "spread": dict(spreads),
+        "trusted": not doubts,
+        "doubts": doubts,
         "rows": rows,
     }
 
@@ -136,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                          "step")  # fmt: skip
     ap.add_argument("--out", help="directory for compare_<model>_<strategy>.json/.png")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when the load or the spread says the ratio cannot be trusted",
+    )
     args = ap.parse_args(argv)
     try:
         frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
@@ -166,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"refdl.bench compare: error: {e}", file=sys.stderr)
         return 2
+    if not result["trusted"]:
+        print(
+            f"refdl.bench compare: warning: the ratio cannot be trusted: "
+            f"{'; '.join(result['doubts'])}; rerun on an idle machine",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -175,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in result["rows"]:
             cells = "".join(f" {r[f + '_samples_per_s']:18.0f}" for f in frameworks)
             ratio = f"{r['refdl_vs_torch']:12.2f}" if "refdl_vs_torch" in r else ""
-            print(f"{r['devices']:7d}{cells} {ratio}")
+            span = r.get("refdl_vs_torch_range")
+            span = f"  ({span[0]:.2f}-{span[1]:.2f} over the rounds)" if span else ""
+            print(f"{r['devices']:7d}{cells} {ratio}{span}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -183,4 +269,4 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
         plots.throughput(result, FRAMEWORKS, out / f"{stem}.png")
         print(f"wrote {out / stem}.json and .png", file=sys.stderr)
-    return 0
+    return 1 if args.strict and not result["trusted"] else 0

@@ -34,6 +34,7 @@ from refdl import hw
 from refdl.errors import UsageError
 from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
+from refdl.progress import Progress
 
 PROG = "refdl.bench published"
 DATA = Path(__file__).resolve().parents[3] / "docs" / "published" / "measurements.toml"
@@ -232,10 +233,14 @@ def _interval(row: dict[str, Any], kind: str, is_borrowed: bool) -> None:
                    inside=iv[0] <= row["published"] <= iv[1])  # fmt: skip
 
 
-def evaluate(points: list[Point]) -> list[dict[str, Any]]:
-    """Every point predicted (or the reason it is not), with its stated interval."""
+def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]]:
+    """Every point predicted (or the reason it is not), with its stated interval;
+    ``progress``: a bar on a terminal, a line every 10 s in a log."""
     out = []
+    bar = Progress(len(points), PROG, unit="point") if progress else None
     for p in points:
+        if bar is not None:
+            bar.update(1)
         row: dict[str, Any] = {"index": p.index, "source": p.source, "part": p.part,
                                "kind": p.kind, "hw": p.hw, "where": p.where,
                                "model": p.model or p.op, "workers": p.workers}  # fmt: skip
@@ -281,6 +286,8 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
         if reason:
             row["skipped"] = reason
         out.append(row)
+    if bar is not None:
+        bar.close()
     return out
 
 
@@ -503,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
 
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         points, _split = load(args.data)
-        rows = evaluate(points)
+        rows = evaluate(points, progress=True)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

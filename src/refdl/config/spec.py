@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from typing import Any
 
 from refdl.config.choices import (
@@ -237,6 +238,55 @@ def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
         if _norm(value) != _norm(saved[key]):
             out.append(key)
     return out
+
+
+_WORDS = {
+    "is",
+    "must",
+    "needs",
+    "takes",
+    "does",
+    "has",
+    "sets",
+    "replays",
+    "runs",
+    "uses",
+    "was",
+    "would",
+    "of",
+    "and",
+    "or",
+    "to",
+    "with",
+    "in",
+    "on",
+    "not",
+    "a",
+    "the",
+}
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: ([^\s;:,()]+))?")
+
+
+def as_arguments(message: str) -> str:
+    """A CLI-shaped message in a library caller's words: each RunSpec flag becomes its
+    argument (``--out runs/a`` -> ``out='runs/a'``, ``--overwrite`` -> ``overwrite=True``);
+    other text is kept."""
+    fields = {f.name: f.metadata["value"] for f in dataclasses.fields(RunSpec)}
+
+    def arg(m: re.Match) -> str:
+        name, value = m.group(1).replace("-", "_"), m.group(2)
+        if name not in fields:
+            return m.group(0)
+        if isinstance(fields[name], Flag):
+            return f"{name}=True" + (f" {value}" if value else "")
+        if value and value not in _WORDS:
+            try:
+                return f"{name}={fields[name].parse(value)!r}"
+            except ValueError:
+                pass
+        return name + (f" {value}" if value else "")
+
+    return _FLAG.sub(arg, message)
 
 
 def config_key(settings: dict[str, Any]) -> str:

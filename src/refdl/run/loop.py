@@ -23,13 +23,13 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from refdl.config.spec import RunSpec
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import epoch_of
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
 from refdl.parallel import processes
+from refdl.progress import Progress
 from refdl.run import checkpoint
 from refdl.run.build import Run, build
 from refdl.run.folder import RunFolder
@@ -41,18 +41,9 @@ def default_out_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def _progress(total: int, initial: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=0.5,
-        file=sys.stderr,
-        disable=None,
-    )
+def _progress(total: int, initial: int, enabled: bool) -> Progress | None:
+    """A bar on a terminal, plain lines every 10 s in a log (``--no-progress``: none)."""
+    return Progress(total, "refdl.train", initial) if enabled else None
 
 
 def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:

@@ -217,8 +217,9 @@ class Writer:
         # Rows past the checkpoint we resume from are dropped: they will be recomputed.
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._f = open_append(path)
-        # purge_step: TensorBoard hides an earlier event file's steps past the resume point.
-        self._tb = EventFile(out, purge_step=resume_step)
+        # TensorBoard hides an earlier file's steps from the purge step on: from the first
+        # step this run will write again (the resume step's own points stay).
+        self._tb = EventFile(out, purge_step=None if resume_step is None else resume_step + 1)
         reserve_summary(out / "summary.json")
 
     def metric(self, row: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from refdl.adapters import process
 from refdl.adapters.exchange import staleness
 from refdl.config.spec import RunSpec
+from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.loop import fit
 from refdl.run.report import evaluate
@@ -77,11 +78,14 @@ def validate_async(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("optimizer", "lr", "dataset"):
         if getattr(args, name) is not None:
             common[name] = getattr(args, name)
+    phase(f"refdl.validate: refdl's reference run of {args.model}, {args.steps} steps")
     ref = reference_run(RunSpec(strategy="single", **common), plain_layers=True)
     if len(set(ref.lrs)) > 1 and fw == "tensorflow":
         raise ValidationFailed("TensorFlow's parameter-server run takes one learning rate; "
                                "this configuration's schedule changes it")  # fmt: skip
     try:
+        phase(f"refdl.validate: {fw}'s asynchronous parameter-server run ({w} workers, its "
+              "own processes)")  # fmt: skip
         result, params, _ = process.run(fw, job_of(ref, "ps", 1, w, "async"),
                                         perturbed(ref.init_params, args.perturb),
                                         ref.batches, args.timeout)  # fmt: skip

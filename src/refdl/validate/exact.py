@@ -25,6 +25,7 @@ from refdl.adapters.torch import ModelPlan, flatten
 from refdl.config.spec import RunSpec
 from refdl.core.compare import compare
 from refdl.errors import UsageError
+from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import loss_value, trajectory
 
@@ -247,7 +248,10 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         devices = 1
     else:
         devices = args.devices or (1 if args.strategy == "single" or args.workers else 2)
+    phase(f"refdl.validate: refdl's {args.strategy} run of {args.model}, {args.steps} steps")
     ref = reference_run(sync_spec(args, devices, workers), plain_layers=fw != "torch")
+    phase(f"refdl.validate: {fw}'s run of the same steps (its own processes; up to a few "
+          "minutes for tensorflow and mxnet)")  # fmt: skip
     if fw == "torch":
         other = torch_run(
             ref, args.strategy, devices, args.perturb, args.timeout,

@@ -141,7 +141,7 @@ def export_start(config: dict[str, Any], out: Path) -> dict[str, Any]:
         "then compares your run with its own step by step",
         "config": {
             "model": spec.model,
-            "dataset": spec.dataset,
+            "dataset": run.dataset.info.name,  # the model's default when none was named
             "data_opts": dict(spec.data_opts),
             "batch_size": spec.batch_size,
             "steps": spec.steps,
@@ -157,7 +157,9 @@ def export_start(config: dict[str, Any], out: Path) -> dict[str, Any]:
             "init": "refdl",
             "data_order": "refdl",
         },
-        "preprocessing": PREPROCESSING.get(spec.dataset, spec.dataset),
+        "preprocessing": PREPROCESSING.get(
+            run.dataset.info.name, f"refdl's {run.dataset.info.name} reader, as train.npz holds it"
+        ),
         "layers": layers,
         "torch_parameters": [{"name": n, "shape": list(a.shape)} for n, a in torch_params],
         "keras_weights": [{"name": n, "shape": list(a.shape)} for n, a in keras_params],

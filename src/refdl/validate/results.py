@@ -66,7 +66,8 @@ WARMUP = 0.1  # the first tenth of a log's rows is start-up (compilation, caches
 def declared(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     """``(assumptions, warnings)``: the result-changing keys the log leaves out (with what
     refdl assumed), and the keys it gives that refdl does not know or cannot honour."""
-    skip = {"split"} if config.get("start") else set()  # an exported start is refdl's split
+    # an exported start fixes the split, the initial weights and the data order
+    skip = {"split", "init", "data_order"} if config.get("start") else set()
     assumptions = [
         f"{k} not given: assumed {v}"
         for k, v in ASSUMED.items()
@@ -79,7 +80,7 @@ def declared(config: dict[str, Any]) -> tuple[list[str], list[str]]:
         "tensorflow": "keras_default",
         "keras": "keras_default",
     }.get(framework)
-    if "init" not in config and own:
+    if "init" not in config and own and "init" not in skip:
         assumptions = [
             a + f"; a {framework} run starts from its framework's own draws unless "
             f'it loads other weights: declare "init": "{own}"'
@@ -375,10 +376,15 @@ def summary_line(r: dict[str, Any]) -> str:
     """One line: which comparison, the verdict and its main figure."""
     verdict = "PASSED" if r["passed"] else "FAILED"
     if r["comparison"] == "exact":
+        params = (
+            f", final parameters' relative L2 difference {r['param_rel_l2_diff']:.2e} "
+            f"(tolerance {r['tolerance']['param_rel_l2']:g})"
+            if r.get("param_rel_l2_diff") is not None else ""
+        )  # fmt: skip
         return (
             f"{r['log']}: exact comparison, {r['steps_compared']} steps, max relative loss "
             f"difference {r['loss_max_rel_diff']:.2e} (tolerance "
-            f"{r['tolerance']['loss_rel']:g}): {verdict}"
+            f"{r['tolerance']['loss_rel']:g}){params}: {verdict}"
         )
     parts = []
     for st in r["statistics"]:
@@ -454,6 +460,12 @@ def write_report(r: dict[str, Any], out: Path) -> None:
         "",
     ]
     if r["comparison"] == "exact":
+        if r.get("param_rel_l2_diff") is not None:
+            lines += [
+                f"Final parameters: relative L2 difference {r['param_rel_l2_diff']:.3e} "
+                f"(tolerance {r['tolerance']['param_rel_l2']:g}).",
+                "",
+            ]
         lines += [
             "| step | refdl loss | framework loss |",
             "|---:|---:|---:|",
