@@ -12,6 +12,7 @@ import dataclasses
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,14 @@ def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> 
 
     model = plan.model.build(plan.params, bn="sync")
     model.train()
-    ddp = DDP(model, broadcast_buffers=False)
+    # Two warnings that say nothing to a refdl user (PyTorch 2.13): rank-local buffers are
+    # what broadcast_buffers=False keeps until `init_sync_buffers` exists; and a
+    # 1-channel convolution's gradient strides differ from its bucket's only along its
+    # size-1 dimension.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+        ddp = DDP(model, broadcast_buffers=False)
     opt = make_optimizer(plan.optimizer, _trainable(model), plan.momentum, plan.weight_decay)
     criterion = loss_fn(plan.loss)
     losses, times = [], []
