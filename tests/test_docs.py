@@ -97,7 +97,8 @@ def tree(tmp_path_factory) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, target)
-    (tree / ".venv").symlink_to(ROOT / ".venv")
+    for venv in ROOT.glob(".venv*"):  # .venv, and .venv-mxnet for MXNet's adapter
+        (tree / venv.name).symlink_to(venv)
     return tree
 
 
@@ -125,8 +126,8 @@ def made(tree: Path, what: str) -> Path:
                         "--start", "start-made", "--seeds", "1"], cwd=tree, env=env,
                        check=True, capture_output=True, timeout=600)  # fmt: skip
     if what in ("run", "ps") and not (tree / f"runs/made-{what}").exists():
-        args = (["--strategy", "ps", "--simulate", "--workers", "3", "--ps-mode", "async"]
-                if what == "ps" else ["--model", "mlp"])  # fmt: skip
+        args = (["--strategy", "ps", "--simulate", "--workers", "3", "--batch-size", "96",
+                 "--ps-mode", "async"] if what == "ps" else ["--model", "mlp"])  # fmt: skip
         subprocess.run([py, "-m", "refdl.train", *args, "--steps", str(STEPS), "--out",
                         f"runs/made-{what}"], cwd=tree, env=env, check=True,
                        capture_output=True, timeout=600)  # fmt: skip

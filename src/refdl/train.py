@@ -203,10 +203,10 @@ def run_config(resume: str) -> tuple[Path | None, dict[str, Any] | None]:
     checkpoints) and the settings it was started with (its ``config.json``; None when it
     has none). A damaged ``config.json`` is a one-line error, never a guess."""
     from refdl.config.files import load_json
-    from refdl.run.checkpoint import _STEP_DIR
+    from refdl.run.checkpoint import is_checkpoint
 
     p = Path(resume)
-    if _STEP_DIR.match(p.name):
+    if is_checkpoint(p):
         folder = p.parent.parent
     elif p.name == "checkpoints":
         folder = p.parent
@@ -231,7 +231,7 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     from refdl.run import checkpoint
 
     folder, config = run_config(explicit["resume"])
-    named = checkpoint._STEP_DIR.match(Path(explicit["resume"]).name) is not None
+    named = checkpoint.is_checkpoint(explicit["resume"])
     choice = checkpoint.resolve(explicit["resume"], None if named else config)
     path, saved = choice.path, choice.meta["spec"]
     other = named and config is not None and config_key(config) != config_key(saved)

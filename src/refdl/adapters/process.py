@@ -16,11 +16,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from refdl.adapters.exchange import Flat, read_result, write_job
 from refdl.errors import UsageError
+from refdl.progress import phase
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (src/refdl/adapters/...)
 SRC = ROOT / "src"
@@ -68,6 +70,24 @@ def require(framework: str) -> None:
         raise UsageError(reason)
 
 
+HEARTBEAT_S = 30.0  # a line this often while a framework's process runs
+
+
+def _wait(proc: subprocess.Popen, framework: str, timeout: float) -> int:
+    """``proc``'s exit status, saying every ``HEARTBEAT_S`` that it still runs (its
+    output goes to a log file, so nothing else would be seen for minutes)."""
+    t0 = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            return proc.wait(timeout=min(HEARTBEAT_S, left))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - t0 < timeout:
+                phase(f"refdl: {framework} still running ({time.monotonic() - t0:.0f} s)")
+
+
 def run(
     framework: str, job: dict[str, Any], params: Flat, batches: list[dict], timeout: float
 ) -> tuple[dict[str, Any], Flat, Flat]:
@@ -84,7 +104,7 @@ def run(
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
             try:
-                rc = proc.wait(timeout=timeout + 30)
+                rc = _wait(proc, framework, timeout + 30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

@@ -53,6 +53,11 @@ def _paths(state: Any) -> list[str]:
     return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
 
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is named as one checkpoint (``step_N``) rather than a run folder."""
+    return _STEP_DIR.match(Path(path).name) is not None
+
+
 def digest(a: np.ndarray) -> str:
     """SHA-256 of an array's bytes (C order), its dtype and shape."""
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
