@@ -32,11 +32,11 @@ def test_off_a_terminal_progress_is_plain_lines_with_count_share_and_time_left(c
 
 @pytest.mark.slow
 def test_a_long_train_writes_progress_lines_to_a_file(tmp_path):
-    proc = run_cli("--model", "resnet", "--steps", "120", "--eval-every", "0", "--out",
+    proc = run_cli("--model", "resnet", "--steps", "400", "--eval-every", "0", "--out",
                    str(tmp_path / "run"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("refdl.train: ")]
-    assert lines and all(re.match(r"refdl.train: \d+/120 steps", ln) for ln in lines), lines
+    assert lines and all(re.match(r"refdl.train: \d+/400 steps", ln) for ln in lines), lines
 
 
 @pytest.mark.slow
