@@ -57,6 +57,9 @@ def test_list_names_everything():
         "zarr",
     ):
         assert name in proc.stdout
+    # each model's own training settings, as docs/training.md says --list shows them
+    assert "trains with: optimizer adam, lr 0.003, dataset pytext" in proc.stdout
+    assert "trains with: optimizer momentum, lr 0.05, dataset digits" in proc.stdout
 
 
 def test_interrupt_checkpoints_then_resume_continues(tmp_path):

@@ -100,6 +100,14 @@ def test_a_run_from_the_exported_start_passes_exactly(logs):
     assert r["steps_compared"] == 200 and r["loss_max_rel_diff"] < 1e-4
     assert r["param_rel_l2_diff"] < 1e-4  # the final weights the script saved
     assert 0 < r["margin"] <= 1e-4 and not any(a.startswith("split") for a in r["assumptions"])
+    # the start fixes the weights and the order: no advice to declare them
+    assert not any(a.startswith(("init", "data_order")) for a in r["assumptions"])
+    from refdl.validate.results import summary_line
+
+    said = f"final parameters' relative L2 difference {r['param_rel_l2_diff']:.2e}"
+    assert said in summary_line(r)
+    md = (logs / "report-torch-mlp-shuffle-healthy-s1-jsonl" / "report.md").read_text()
+    assert f"Final parameters: relative L2 difference {r['param_rel_l2_diff']:.3e}" in md
 
 
 def test_the_measured_rates_belong_to_the_rule_in_force():
