@@ -93,7 +93,8 @@ def torch_step_times(
 # A ratio is trusted when other processes used less than this share of the cores
 # (before and while measuring) and each side's round medians lie within this spread.
 BUSY_SHARE = 0.15
-MAX_SPREAD = 0.5  # tuned 2026-11-24: idle rounds of 20 timed steps spread 16-42 % (trust-tuning.json)
+# Spread bound tuned 2026-11-24: idle rounds of 20 timed steps spread 16-42 % (trust-tuning.json).
+MAX_SPREAD = 0.5
 
 
 class OthersLoad:
