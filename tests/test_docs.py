@@ -71,7 +71,7 @@ def is_fast(where: str, text: str) -> bool:
     """Cheap enough for the default suite (a few seconds each): the README's listing and
     predictions, and the prediction tables."""
     readme = where.startswith("README.md") and re.search(
-        r"refdl (train --list|predict)\b", text)  # fmt: skip
+        r"refdl (train --list|predict collective)\b", text)  # fmt: skip
     return bool(readme or re.search(r"refdl predict (models|profiles)$", text))
 
 
@@ -82,7 +82,7 @@ def not_run(text: str) -> str | None:
 def test_the_docs_hold_commands_and_each_is_run_or_says_why():
     assert len(COMMANDS) >= 80, len(COMMANDS)
     assert sum(not_run(c.text) is not None for c in COMMANDS) <= 6
-    assert sum(is_fast(c.where, c.text) for c in COMMANDS) >= 5
+    assert sum(is_fast(c.where, c.text) for c in COMMANDS) >= 4
 
 
 @pytest.fixture(scope="module")

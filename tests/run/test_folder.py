@@ -71,6 +71,7 @@ def small_disk(tmpfs):
     return tmpfs("2m")
 
 
+@pytest.mark.slow  # 11 s; tests/reliability's full-disk test runs by default
 def test_a_full_disk_is_one_line_exit_1_naming_the_last_good_checkpoint(small_disk):
     out = small_disk / "run"
     proc = run_cli(*MLP, "--steps", "400", "--checkpoint-every", "50", "--keep-checkpoints",

@@ -65,6 +65,7 @@ def test_mlp_reaches_95_percent_on_digits(tmp_path):
     assert s["test_accuracy"] >= 0.95
 
 
+@pytest.mark.slow  # 9 s; the main job and the equivalence tests train resnet by default
 def test_small_resnet_loss_falls(tmp_path):
     s = fit(
         RunSpec(
