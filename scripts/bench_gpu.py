@@ -39,9 +39,9 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from refdl.assemble import load_data, make_task, resolve
 from refdl.config.spec import RunSpec
 from refdl.core.losses import LOSSES
-from refdl.core.make import load_data, make_task, resolve
 from refdl.perf.zoo import SHAPE_MODELS
 
 OWN = ("mlp", "lenet5", "resnet", "lstm_lm", "transformer")

@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
 
-    from refdl.bench.plots import gantt
     from refdl.config.spec import RunSpec
     from refdl.parallel.schedule import analytic_bubble
+    from refdl.plots import gantt
     from refdl.run.build import build
     from refdl.run.trajectory import trajectory
 

@@ -17,22 +17,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
 
+from refdl.cli import Parser
 from refdl.config.values import Int
 from refdl.parallel.processes import launch
 
 COMMANDS = {"train": "refdl.train", "validate": "refdl.validate", "bench": "refdl.bench"}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"refdl.launch: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="refdl launch", description=__doc__,
+    p = Parser(name="refdl.launch", prog="refdl launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("-n", "--ranks", type=int, required=True, help="MPI ranks")
     p.add_argument("command", choices=sorted(COMMANDS), help="the refdl command to run")

@@ -24,10 +24,10 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
-from refdl import hw
-from refdl.bench import plots
+from refdl import hw, plots
+from refdl.cli import Parser
 from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
@@ -43,14 +43,9 @@ from refdl.perf.costs import COSTS
 from refdl.perf.model_cost import model_cost
 from refdl.perf.overlap import DDP_BUCKET_BYTES
 from refdl.perf.zoo import SHAPE_MODELS
+from refdl.strategies import traits_of
 
 PROG = "refdl.predict"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
@@ -100,7 +95,8 @@ def predict_steps(
     if not workers or any(Int(min=1, max=1 << 20).problem(w) for w in workers):
         raise UsageError(f"--workers must be integers >= 1 (got {workers})")
     opts = (opts or PredictOptions()).validate()
-    if strategy == "ps" and opts.servers > max(workers):
+    traits = traits_of(strategy)
+    if traits.servers and opts.servers > max(workers):
         raise UsageError(
             f"--servers {opts.servers} exceeds --workers {max(workers)}: a server per worker "
             "at most"
@@ -121,9 +117,7 @@ def predict_steps(
     base = None
     for w in workers:
         batch = batch_size * w if scaling == "weak" else batch_size
-        if (strategy == "ps" and w == 1) or (
-            strategy != "single" and w == 1 and strategy != "pipeline"
-        ):
+        if w == 1 and (traits.workers or bool(traits.axes)) and not traits.pipeline:
             f, wk = COSTS.get("single"), 1
         else:
             f, wk = formula, w
@@ -269,8 +263,8 @@ def predict_collective(
 
 
 def _step_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=f"python -m {PROG}",
+    p = Parser(
+        name=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -315,7 +309,7 @@ def _step_main(argv: list[str]) -> int:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         opts = PredictOptions(
             allreduce=args.allreduce,
-            microbatches=(4 if args.strategy in ("pipeline", "hybrid") else 1)
+            microbatches=(4 if "pipe" in traits_of(args.strategy).axes else 1)
             if args.microbatches is None
             else args.microbatches,
             schedule=args.schedule,
@@ -400,12 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         return _step_main(argv[1:])
     if not argv or argv[0] not in ("collective", "profiles", "-h", "--help"):
         return _step_main(argv)
-    p = _Parser(
-        prog=f"python -m {PROG}",
+    p = Parser(
+        name=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub = p.sub_parsers(dest="cmd", required=True)
     sub.add_parser(
         "step",
         help="(the default: the sub-command may be left out) step time, throughput, speed-up "

@@ -28,6 +28,10 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a test's or a notebook's own entry, registered again later)."""
+        self._items.pop(name, None)
+
     def get(self, name: str) -> T:
         """The entry for ``name``, or a UsageError that lists the valid names."""
         try:

@@ -71,7 +71,7 @@ TRAIN = [
     ("chunks zero", ["--strategy", "pipeline", "--devices", "2", "--chunks", "0"],
      "--chunks must be an integer in [1, 256]"),
     ("stage boundaries not numbers", ["--strategy", "pipeline", "--devices", "2",
-                                      "--stage-boundaries", "a,b"], "give layer indices like 2,5"),
+                                      "--stage-boundaries", "a,b"], "like 2,5"),
     ("microbatches zero", ["--microbatches", "0"], "--microbatches must be an integer in [1,"),
     ("microbatches not dividing the batch", ["--microbatches", "3"], "use a multiple of 3"),
     ("stages not devices", ["--strategy", "pipeline", "--devices", "2", "--stages", "3"],

@@ -9,25 +9,16 @@ import re
 import pytest
 
 from refdl.config.mesh import MeshSpec
-from refdl.config.plan import Layer, ModelShape, Traits, balance, check_batch, plan
+from refdl.config.plan import Layer, ModelShape, balance, check_batch, plan
 from refdl.config.rules import TENSOR_RULES
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
+from refdl.strategies import STRATEGIES
 
-DATA = Traits(axes=("data",), options=frozenset({"mesh", "allreduce", "compress"}),
-              multiprocess="spmd")  # fmt: skip
-MODEL = Traits(axes=("model",), options=frozenset({"mesh"}), multiprocess="spmd")
-HYBRID = Traits(axes=("data", "model", "pipe"),
-                options=frozenset({"mesh", "preset", "schedule", "chunks", "stage_boundaries"}),
-                multiprocess="spmd")  # fmt: skip
-PIPELINE = Traits(
-    axes=("pipe",), options=frozenset({"stages", "schedule", "chunks", "stage_boundaries"})
-)
-PS = Traits(options=frozenset({"ps_mode", "servers", "simulate", "workers", "straggler"}),
-            multiprocess="mpi", workers=True, batch_stats=False)  # fmt: skip
-SINGLE = Traits()
-OWNERS = {"single": SINGLE, "data": DATA, "model": MODEL, "hybrid": HYBRID,
-          "pipeline": PIPELINE, "ps": PS}  # fmt: skip
+# The strategies as they declare themselves (the one place a strategy's traits are written).
+OWNERS = {name: STRATEGIES.get(name).traits for name in STRATEGIES}
+PS = OWNERS["ps"]
+
 
 # An MLP 64 -> 24 -> 10 as shapes: layer 0 flattens, 1 and 2 are dense (Megatron axes).
 MLP = ModelShape(

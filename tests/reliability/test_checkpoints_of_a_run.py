@@ -147,7 +147,7 @@ def test_resume_skips_a_checkpoint_copied_in_from_another_run(tmp_path):
 
 
 def test_config_json_that_is_damaged_is_one_line(tmp_path):
-    from refdl.train import resumed_settings
+    from refdl.run.settings import resumed_settings
 
     checkpoint.save(tmp_path / "checkpoints", state(1), {"spec": BASE})
     (tmp_path / "config.json").write_text("[" * 1000 + "]" * 1000)

@@ -146,7 +146,7 @@ def test_paths_from_files_never_decide_where_refdl_writes(tmp_path):
     """A checkpoint's stored plot path is not replayed on --resume; a recipe may not name
     where its run writes (nor overwrite another run)."""
     from refdl.bench import recipes
-    from refdl.train import resumed_settings
+    from refdl.run.settings import resumed_settings
 
     ckpt = tmp_path / "run" / "checkpoints"
     spec = {"model": "mlp", "strategy": "pipeline", "devices": 2,

@@ -2,7 +2,7 @@
 
 Equivalence tolerances (fp32): parameters equal within rtol 1e-5 / atol 1e-6 when
 only the order of a sum changes (averaging worker means instead of one batch mean,
-neighbour sums in shift order instead of a dense matrix product).
+neighbour sums in shift order; the mixing itself is checked against a dense W).
 """
 
 from __future__ import annotations
@@ -499,3 +499,39 @@ def test_mpi_hung_peer_aborts_every_rank_after_timeout(tmp_path):
     )
     assert proc.returncode != 0
     assert re.search(r"rank \d/2 made no progress for \d+ s \(limit --timeout 8\)", proc.stderr)
+
+
+@pytest.mark.parametrize("topo,gossip", [("torus", False), ("ring", False), ("torus", True)])
+def test_every_executors_mixing_equals_a_dense_metropolis_product(topo, gossip):
+    """The oracle of the one mixing (``Decentralized.mix``): replica i receives
+    ``sum_j W_ij x_j`` with W the dense Metropolis matrix (under gossip, the matched pairs'
+    averages), over devices (``shard_map``, partial permutations) and over a ``vmap``'d
+    replica axis (the serial executor, permutations completed)."""
+    from jax.sharding import PartitionSpec as P
+
+    from refdl.strategies.decentralized import AXIS, Collective
+
+    n = 6
+    spec = RunSpec(strategy="decentralized", model="mlp", simulate=True, workers=n,
+                   topology=topo, gossip=gossip, steps=1, batch_size=60)  # fmt: skip
+    strat = build(spec).strategy
+    matching, w = None, strat.w
+    if gossip:
+        matching, w = len(strat.matchings) - 1, np.eye(n)
+        for i, p in enumerate(strat.matchings[matching]):
+            if p >= 0:
+                w[i, i], w[i, p] = 0.5, 0.5
+    x = {"k": np.random.default_rng(0).standard_normal((n, 5, 3)).astype(np.float32)}
+    want = np.einsum("ij,j...->i...", w, x["k"].astype(np.float64))
+
+    def mix(tree, whole):
+        return strat.mix(tree, exchange=Collective(n, whole=whole), matching=matching)
+
+    serial = jax.vmap(lambda t: mix(t, True), axis_name=AXIS)(x)
+    mesh = jax.make_mesh((n,), (AXIS,), devices=jax.devices()[:n])
+    local = lambda t: jax.tree.map(lambda v: v[None], mix(jax.tree.map(lambda v: v[0], t), False))  # noqa: E731
+    placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(AXIS)))
+    devices = jax.shard_map(local, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))(placed)
+    for got in (serial, devices):
+        np.testing.assert_allclose(np.asarray(got["k"]), want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(want, x["k"])  # the check can fail: mixing moved the replicas

@@ -16,7 +16,7 @@ from refdl.run.loop import fit
 
 
 def model_shape(run):
-    from refdl.core.make import model_shape as shape
+    from refdl.assemble import model_shape as shape
 
     return shape(run.task, run.dataset, run.spec.model)
 
@@ -329,4 +329,4 @@ def test_explicit_stage_boundaries(tmp_path):
         "--out",
         str(tmp_path),
     )
-    assert proc.returncode == 2 and "give layer indices like 2,5" in stderr_lines(proc)[0]
+    assert proc.returncode == 2 and "like 2,5" in stderr_lines(proc)[0]

@@ -32,8 +32,8 @@ from typing import Any
 
 import jax
 
+from refdl import plots
 from refdl.adapters import torch as adapter
-from refdl.bench import plots
 from refdl.bench.mpi_allreduce import machine_cpu_seconds
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
@@ -41,6 +41,7 @@ from refdl.parallel.processes import simulate_devices
 from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import run_steps, trajectory
+from refdl.strategies import traits_of
 
 FRAMEWORKS = ("refdl", "torch")
 
@@ -82,12 +83,10 @@ def torch_step_times(
         weight_decay=s.weight_decay,
         loss=s.loss,
     )
-    if strategy == "pipeline":
-        return adapter.train_pipeline(plan, list(run.plan.cuts), s.microbatches,
-                                      s.schedule).step_times  # fmt: skip
-    if strategy == "single":
-        return adapter.train_single_apart(plan).step_times
-    return adapter.train_ddp(plan, devices).step_times
+    result, _ = adapter.train_twin(strategy, plan, devices=devices, cuts=run.plan.cuts,
+                                   microbatches=s.microbatches, schedule=s.schedule,
+                                   apart=True)  # fmt: skip
+    return result.step_times
 
 
 # A ratio is trusted when other processes used less than this share of the cores
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n")[0])  # fmt: skip
     ap.add_argument("--frameworks", default="refdl,torch")
     ap.add_argument("--model", default="lenet5")
-    ap.add_argument("--strategy", default="data", help="single, data or pipeline")
+    ap.add_argument("--strategy", default="data", help=", ".join(adapter.TWINS))
     ap.add_argument("--devices", default="1,2,4")
     ap.add_argument("--steps", type=int, default=45)
     ap.add_argument("--warmup", type=int, default=5)
@@ -227,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--devices {args.devices!r}: give counts like 1,2,4") from None
         if not devices or min(devices) < 1 or max(devices) > 8:
             raise UsageError("--devices: counts between 1 and 8")
-        if args.strategy not in ("single", "data", "pipeline"):
-            raise UsageError("--strategy: single, data or pipeline (the ones PyTorch twins)")
-        if args.strategy == "single" and devices != [1]:
-            raise UsageError("--strategy single runs on 1 device: --devices 1")
+        if args.strategy not in adapter.TWINS:
+            raise UsageError(f"--strategy: {', '.join(adapter.TWINS)} (the ones PyTorch twins)")
+        if not traits_of(args.strategy).axes and devices != [1]:
+            raise UsageError(f"--strategy {args.strategy} runs on 1 device: --devices 1")
         if args.sync_every < 1:
             raise UsageError("--sync-every must be at least 1")
         if args.warmup >= args.steps:

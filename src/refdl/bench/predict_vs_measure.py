@@ -46,6 +46,7 @@ from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
 from refdl.run.build import build
 from refdl.run.trajectory import trajectory
+from refdl.strategies import traits_of
 
 SPMD = (
     ("single", 1, {}),
@@ -106,12 +107,14 @@ def measure_mpi(model: str, strategy: str, ranks: int, steps: int) -> list[float
 def predict(
     model: str, strategy: str, workers: int, batch: int, kw: dict, profile: str = "local"
 ) -> dict[str, Any]:
+    traits = traits_of(strategy)
     opts = PredictOptions(
         microbatches=kw.get("microbatches", 4),
-        link="inter" if strategy in ("ps", "decentralized") else None,
+        # a runtime per rank: their messages cross the profile's network, not its devices' link
+        link="inter" if traits.multiprocess == "mpi" else None,
         servers=1,
     )
-    w = workers - 1 if strategy == "ps" else workers  # ps: one rank is the server
+    w = workers - 1 if traits.servers else workers  # ps: one rank is the server
     return predict_steps(profile, strategy, model, batch, [w], "strong", opts)[0]
 
 

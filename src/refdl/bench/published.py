@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     s = summary(rows)
     if args.plot:
-        from refdl.bench import plots
+        from refdl import plots
 
         plots.published(rows, args.plot)
     if args.json:

@@ -14,7 +14,7 @@ that say what to change. ``-1`` means "the rest of the devices".
   ``fsdp`` along a dimension that divides (``refdl.config.rules.param_spec``);
   XLA gathers a parameter where it is used and reduce-scatters its gradient.
 
-Those checks against the batch and the model live in ``refdl.config.checks``.
+Those checks against the batch and the model live in ``refdl.config.plan``.
 """
 
 from __future__ import annotations

@@ -40,21 +40,56 @@ STRATEGY_OPTIONS = (
 
 @dataclasses.dataclass(frozen=True)
 class Traits:
-    """What a strategy declares so its settings can be checked without devices.
+    """What a strategy declares, so that everything outside ``refdl.strategies`` asks it
+    instead of comparing its name: the checks here, the CLI, validate, predict, bench.
 
     ``axes``: the mesh axes it may split over (``()``: one device); ``options``: the
     fields of ``STRATEGY_OPTIONS`` it accepts; ``multiprocess``: how it runs under
     ``mpirun`` (``spmd``: one runtime over all ranks; ``mpi``: a runtime per rank;
     ``None``: one process only); ``workers``: its unit is a worker (a rank, a device
-    or a simulated worker) holding a whole replica, not a mesh axis;
-    ``batch_stats``: whether it supports models with batch statistics (BatchNorm).
+    or a simulated worker) holding a whole replica, not a mesh axis; ``modes``: where a
+    worker strategy runs (``spmd`` on devices, ``mpi`` ranks, ``simulate`` in one
+    process); ``servers``: some ranks are parameter servers (``--servers``);
+    ``straggler_modes``: the modes ``--straggler`` can delay a worker in; ``pipeline``: it
+    runs a pipeline schedule even with one stage (a ``pipe`` axis > 1 also makes one);
+    ``batch_stats``: whether it supports models with batch statistics (BatchNorm);
+    ``synchronous``: its parameters after N steps equal ``single``'s (``ps`` only with
+    ``--ps-mode sync``, see ``synchronous_with``); ``fills_host``: with neither
+    ``--devices`` nor ``--mesh`` it takes the whole host (8 simulated CPU devices or
+    every accelerator) and factors them over its axes.
     """
 
     axes: tuple[str, ...] = ()
     options: frozenset[str] = frozenset()
     multiprocess: str | None = None
     workers: bool = False
+    modes: tuple[str, ...] = ("spmd",)
+    servers: bool = False
+    straggler_modes: tuple[str, ...] = ("mpi",)
+    pipeline: bool = False
     batch_stats: bool = True
+    synchronous: bool = True
+    fills_host: bool = False
+
+    def synchronous_with(self, ps_mode: str | None) -> bool:
+        """Whether a run with this consistency mode equals ``single`` step by step."""
+        if "ps_mode" in self.options:
+            return ps_mode in (None, "sync")
+        return self.synchronous
+
+    def pipe_degree(self, spec: RunSpec) -> int:
+        """The pipeline stages ``spec`` asks of this strategy (1 when it runs none)."""
+        if "pipe" not in self.axes:
+            return 1
+        if spec.mesh:
+            return MeshSpec.parse(spec.mesh, spec.devices).pipe
+        return (spec.stages or spec.devices) if self.axes[0] == "pipe" else 1
+
+    def microbatches(self, spec: RunSpec) -> int:
+        """``--microbatches``, else 4 for a pipeline of several stages and 1 otherwise."""
+        if spec.microbatches is not None:
+            return spec.microbatches
+        return 4 if self.pipe_degree(spec) > 1 else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +106,7 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """A model seen without devices (``refdl.core.make.model_shape`` builds it)."""
+    """A model seen without devices (``refdl.assemble.model_shape`` builds it)."""
 
     name: str
     layers: tuple[Layer, ...]
@@ -112,7 +147,7 @@ def plan(
     owners: Mapping[str, Traits] | None = None,
 ) -> Plan:
     """Check ``spec`` for ``strategy`` on ``model`` with ``ranks`` MPI ranks; the Plan."""
-    spec = spec.with_microbatches()
+    spec = dataclasses.replace(spec, microbatches=traits.microbatches(spec))
     check_options(spec, strategy, traits, owners or {strategy: traits})
     check_launch(spec, strategy, traits, ranks)
     m = spec.microbatches
@@ -127,7 +162,7 @@ def plan(
             "stay on the workers); use mlp, lenet5, lstm_lm or transformer"
         )
     if traits.workers:
-        return _worker_plan(spec, strategy, model, ranks)
+        return _worker_plan(spec, strategy, traits, model, ranks)
     mesh = mesh_of(spec, strategy, traits)
     preset = spec.preset or "tensor"
     rules, batch_axes = PRESET_RULES[preset]
@@ -147,7 +182,7 @@ def plan(
         )
     check_layers(mesh, model, rules, spec.mesh)
     chunks, cuts = spec.chunks, ()
-    if mesh.pipe > 1 or strategy == "pipeline":
+    if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
             raise UsageError(
                 "pipe > 1 runs its stages from one host process; launch it without mpirun"
@@ -206,9 +241,9 @@ def mesh_of(spec: RunSpec, strategy: str, traits: Traits) -> MeshSpec:
                 "drop --devices or pick a parallel strategy"
             )
         return MeshSpec()
-    if strategy == "pipeline" and spec.stages is not None and spec.stages != n:
+    if traits.axes == ("pipe",) and spec.stages is not None and spec.stages != n:
         raise UsageError(
-            f"--strategy pipeline runs one stage per device: --stages {spec.stages} needs "
+            f"--strategy {strategy} runs one stage per device: --stages {spec.stages} needs "
             f"--devices {spec.stages}"
         )
     mesh = MeshSpec.parse(spec.mesh or f"{traits.axes[0]}={n}", n)
@@ -315,10 +350,12 @@ def balance(costs: list[int], parts: int) -> list[int]:
     return sorted(cuts)[1:]
 
 
-def _worker_plan(spec: RunSpec, strategy: str, model: ModelShape, ranks: int) -> Plan:
+def _worker_plan(
+    spec: RunSpec, strategy: str, traits: Traits, model: ModelShape, ranks: int
+) -> Plan:
     """ps and decentralized: workers are ranks, devices or simulated workers."""
     m = spec.microbatches
-    servers = spec.servers if strategy == "ps" else 0
+    servers = spec.servers if traits.servers else 0
     if ranks > 1:
         mode = "mpi"
         if servers >= ranks:
@@ -337,10 +374,11 @@ def _worker_plan(spec: RunSpec, strategy: str, model: ModelShape, ranks: int) ->
                 f"--servers {servers} is more than the {workers} simulated workers; shards "
                 f"beyond one per worker only add messages: use --servers <= {workers}"
             )
-    elif strategy == "ps":
+    elif "spmd" not in traits.modes:
+        who, least = ("server and worker", "--servers + 1") if servers else ("worker", "2")
         raise UsageError(
-            "--strategy ps needs server and worker ranks: run it under mpirun -n N "
-            "(N >= --servers + 1), or simulate it in one process with --simulate"
+            f"--strategy {strategy} needs {who} ranks: run it under mpirun -n N "
+            f"(N >= {least}), or simulate it in one process with --simulate"
         )
     else:
         mode, workers = "spmd", spec.devices
@@ -356,7 +394,7 @@ def _worker_plan(spec: RunSpec, strategy: str, model: ModelShape, ranks: int) ->
         )
     straggler = straggler_of(spec.straggler)
     if straggler is not None:
-        if strategy == "decentralized" and mode != "mpi":
+        if mode not in traits.straggler_modes:
             raise UsageError("--straggler delays one rank of an mpirun job; launch under mpirun")
         lo = servers  # ps: servers are ranks 0..K-1 (also when simulated)
         if not lo <= straggler[0] < lo + workers:

@@ -3,13 +3,14 @@
 Every field declares its value type (``refdl.config.values``) next to its
 default, so no option exists without a check: ``validate()`` runs each field's
 check and the few rules that tie fields together, without data or devices.
-Which strategy accepts which option, degrees and divisibility are checked once
-more, against the model and the devices, by ``refdl.config.checks``.
+Which strategy accepts which option, degrees and divisibility are checked against
+the strategy's declared traits, the model and the devices by ``refdl.config.plan``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -50,78 +51,184 @@ RUN_CONTROL_KEYS = (
 OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule")
 
 
-def option(default: Any, value: Any, help: str = "") -> Any:
-    """A RunSpec field: its default, its declared value type and a one-line help."""
-    return dataclasses.field(default=default, metadata={"value": value, "help": help})
+def option(
+    default: Any, value: Any, help: str = "", *, group: str = "", flag: str | None = None,
+    metavar: str | None = None,
+) -> Any:  # fmt: skip
+    """A RunSpec field: its default, its declared value type, a one-line help and where the
+    command line shows it (``refdl.config.cli`` makes every flag from these)."""
+    meta = {"value": value, "help": help, "group": group, "flag": flag, "metavar": metavar}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _section(group: str) -> Any:
+    """``option`` for the fields of one section of ``--help``."""
+    return functools.partial(option, group=group)
+
+
+WHAT = _section("what to train")
+OPTIMIZATION = _section("optimization")
+DEVICES = _section("devices and strategies")
+WORKERS = _section("parameter server and decentralized (also under mpirun)")
+OUTPUT = _section("output")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """A training run. ``lr``/``optimizer``/``dataset`` left ``None`` take the model's defaults."""
 
-    strategy: str = option("single", Text(), "parallelism strategy")
-    model: str = option("lenet5", Text(), "model")
-    dataset: str | None = option(None, Optional(Text()), "data set (default: the model's)")
-    data_dir: str | None = option(None, Optional(Text()), "folder the data set reads")
-    model_opts: tuple[tuple[str, str], ...] = option((), Pairs(), "model options")
-    data_opts: tuple[tuple[str, str], ...] = option((), Pairs(), "data set options")
-    steps: int = option(300, Int(min=1, max=10**9), "training steps")
-    batch_size: int = option(64, Int(min=1, max=10**7), "global batch size")
-    optimizer: str | None = option(None, Optional(Choice(OPTIMIZERS)), "optimizer")
-    lr: float | None = option(None, Optional(Float(min=0.0, min_open=True)), "learning rate")
-    momentum: float = option(0.9, Float(min=0.0, max=1.0, max_open=True), "momentum")
-    weight_decay: float = option(0.0, Float(min=0.0), "L2 weight decay")
-    lr_schedule: str = option("constant", Choice(LR_SCHEDULES), "learning-rate schedule")
-    warmup_steps: int = option(0, Int(min=0, max=10**9), "linear warm-up steps")
-    lr_decay_every: int = option(0, Int(min=0, max=10**9), "step schedule: decay period")
-    lr_decay_factor: float = option(
+    strategy: str = WHAT("single", Text(), "parallelism strategy (see --list)")
+    model: str = WHAT("lenet5", Text(), "model (see --list)")
+    dataset: str | None = WHAT(
+        None, Optional(Text()), "data set (default: the model's, digits for images)"
+    )
+    data_dir: str | None = WHAT(
+        None, Optional(Text()), "folder the data set reads (mnist, cifar10, ptb, zarr)"
+    )
+    model_opts: tuple[tuple[str, str], ...] = WHAT(
+        (), Pairs(), "model option, e.g. depth=20 or hidden=64 (repeatable)", flag="--model-opt"
+    )
+    data_opts: tuple[tuple[str, str], ...] = WHAT(
+        (),
+        Pairs(),
+        "data set option, e.g. seq_len=32 or shape=cifar (repeatable)",
+        flag="--data-opt",
+    )
+    steps: int = OPTIMIZATION(300, Int(min=1, max=10**9), "training steps")
+    batch_size: int = OPTIMIZATION(64, Int(min=1, max=10**7), "global batch size")
+    optimizer: str | None = OPTIMIZATION(
+        None, Optional(Choice(OPTIMIZERS)), "optimizer (default: the model's)"
+    )
+    lr: float | None = OPTIMIZATION(
+        None, Optional(Float(min=0.0, min_open=True)), "learning rate (default: the model's)"
+    )
+    momentum: float = OPTIMIZATION(
+        0.9, Float(min=0.0, max=1.0, max_open=True), "momentum of momentum and nesterov"
+    )
+    weight_decay: float = OPTIMIZATION(0.0, Float(min=0.0), "L2 weight decay")
+    lr_schedule: str = OPTIMIZATION("constant", Choice(LR_SCHEDULES), "learning-rate schedule")
+    warmup_steps: int = OPTIMIZATION(0, Int(min=0, max=10**9), "linear warm-up steps")
+    lr_decay_every: int = OPTIMIZATION(
+        0, Int(min=0, max=10**9), "step schedule: decay every N steps"
+    )
+    lr_decay_factor: float = OPTIMIZATION(
         0.1, Float(min=0.0, max=1.0, min_open=True), "step schedule: factor"
     )
-    loss: str = option("cross_entropy", Text(), "loss")
-    init: str = option(
-        "lecun_normal", Choice(INIT_SCHEMES), "initialisation: refdl's or a framework's default"
+    loss: str = WHAT("cross_entropy", Text(), "loss: cross_entropy or squared")
+    init: str = WHAT(
+        "lecun_normal",
+        Choice(INIT_SCHEMES),
+        "initialisation: refdl's (lecun_normal) or torch's or keras' default "
+        "Dense/Conv draws, for comparing with their runs",
     )
-    seed: int = option(0, Int(min=0, max=2**32 - 1), "seed of initialisation and data order")
-    devices: int = option(1, Int(min=1, max=1 << 16), "devices (simulated on a CPU host)")
-    mesh: str | None = option(None, Optional(Text()), "mesh degrees, e.g. data=2,model=4")
-    allreduce: str = option("xla", Choice(ALLREDUCE), "data: allreduce algorithm")
+    seed: int = OPTIMIZATION(0, Int(min=0, max=2**32 - 1), "seed of initialisation and data order")
+    devices: int = DEVICES(
+        1,
+        Int(min=1, max=1 << 16),
+        "devices to use; on a CPU host, the number simulated (hybrid: 8 on a "
+        "CPU host, every device on accelerators)",
+    )
+    mesh: str | None = DEVICES(
+        None,
+        Optional(Text()),
+        "mesh degrees, e.g. data=2,model=4 (-1 = the rest; default: all "
+        "devices on the strategy's first axis)",
+    )
+    allreduce: str = DEVICES("xla", Choice(ALLREDUCE), "data: allreduce algorithm")
     # Microbatches m per step (gradient accumulation; pipeline microbatches). A pipeline
-    # of p stages idles (p-1)/(m+p-1) of its step (GPipe, 1F1B); default 4 for pipelines.
-    microbatches: int | None = option(None, Optional(Int(min=1, max=1 << 16)), "microbatches")
-    compress: str | None = option(None, Optional(Text()), "data: gradient compression")
-    zero: int = option(
-        3, Int(min=1, max=3), "fsdp: ZeRO stage (1 optimizer state, 2 + gradients, 3 + parameters)"
+    # of p stages idles (p-1)/(m+p-1) of its step (GPipe, 1F1B).
+    microbatches: int | None = DEVICES(
+        None,
+        Optional(Int(min=1, max=1 << 16)),
+        "gradient accumulation steps / pipeline microbatches (default: 4 for pipelines, else 1)",
     )
-    preset: str | None = option(None, Optional(Choice(PRESETS)), "hybrid: rules preset")
-    stages: int | None = option(None, Optional(Int(min=1, max=1 << 16)), "pipeline stages")
-    schedule: str = option("1f1b", Choice(PIPELINE_SCHEDULES), "pipeline schedule")
-    chunks: int = option(1, Int(min=1, max=256), "pipeline: chunks per device")
-    stage_boundaries: tuple[int, ...] | None = option(
-        None, Optional(Ints(min=1, max=1 << 20)), "pipeline: layer indices where stages start"
+    compress: str | None = DEVICES(
+        None,
+        Optional(Text()),
+        "data: gradient compression, topk:RATIO, qsgd:LEVELS, terngrad or sign (default: none)",
     )
-    plot_schedule: str | None = option(None, Optional(Text()), "pipeline: Gantt chart file")
-    # Parameter server (ps) and decentralized training.
-    ps_mode: str = option("sync", Choice(PS_MODES), "ps: consistency")
-    servers: int = option(1, Int(min=1, max=1 << 16), "ps: server ranks")
-    staleness: int | None = option(None, Optional(Int(min=0, max=10**6)), "ps ssp: bound S")
-    simulate: bool = option(False, Flag(), "ps/decentralized: every worker in one process")
-    workers: int | None = option(None, Optional(Int(min=1, max=1024)), "simulated workers")
-    ps_trace: str | None = option(None, Optional(Text()), "ps: replay this arrival order")
-    topology: str = option("ring", Text(), "decentralized: graph or adjacency file")
-    order: str = option("atc", Choice(ORDERS), "decentralized: atc or cta")
-    gossip: bool = option(False, Flag(), "decentralized: randomized pairwise gossip")
-    straggler: str | None = option(None, Optional(Text()), "RANK:SECONDS delay per step")
-    timeout: float = option(
-        300.0, Float(min=0.0, min_open=True, max=1e7), "seconds without progress (mpirun)"
+    zero: int = DEVICES(
+        3,
+        Int(min=1, max=3),
+        "fsdp: ZeRO stage - 1 shards the optimizer state, 2 also the "
+        "gradients, 3 also the parameters",
     )
-    out: str | None = option(None, Optional(Text()), "run folder")
-    resume: str | None = option(None, Optional(Text()), "run folder or checkpoint")
-    eval_every: int = option(100, Int(min=0, max=10**9), "evaluate every N steps")
-    log_every: int = option(10, Int(min=0, max=10**9), "metrics row every N steps")
-    checkpoint_every: int = option(100, Int(min=0, max=10**9), "checkpoint every N steps")
-    keep_checkpoints: int = option(3, Int(min=1, max=10**6), "checkpoints kept")
-    progress: bool = option(True, Flag(), "progress bar")
-    overwrite: bool = option(False, Flag(), "replace a run folder holding another run")
+    preset: str | None = DEVICES(
+        None,
+        Optional(Choice(PRESETS)),
+        "hybrid: rules preset, owt = convolutions data-parallel, fully "
+        "connected layers model-parallel (default: tensor rules)",
+    )
+    stages: int | None = DEVICES(
+        None,
+        Optional(Int(min=1, max=1 << 16)),
+        "pipeline: stages, one per device (default: --devices)",
+    )
+    schedule: str = DEVICES("1f1b", Choice(PIPELINE_SCHEDULES), "pipeline schedule")
+    chunks: int = DEVICES(
+        1, Int(min=1, max=256), "pipeline: model chunks per device for interleaved or looped-bfs"
+    )
+    stage_boundaries: tuple[int, ...] | None = DEVICES(
+        None,
+        Optional(Ints(min=1, max=1 << 20, like="2,5")),
+        "pipeline: layer indices where stages start (default: balanced by parameter count)",
+        metavar="I,J,...",
+    )
+    plot_schedule: str | None = DEVICES(
+        None,
+        Optional(Text()),
+        "pipeline: draw the last executed step's timeline as a Gantt chart (default: none)",
+        metavar="FILE.png",
+    )
+    ps_mode: str = WORKERS("sync", Choice(PS_MODES), "ps: consistency")
+    servers: int = WORKERS(1, Int(min=1, max=1 << 16), "ps: server ranks holding parameter shards")
+    staleness: int | None = WORKERS(
+        None,
+        Optional(Int(min=0, max=10**6)),
+        "ps ssp: no worker runs more than S steps ahead (default: none; ssp needs it)",
+    )
+    simulate: bool = WORKERS(False, Flag(), "ps/decentralized: every worker in this process")
+    workers: int | None = WORKERS(
+        None, Optional(Int(min=1, max=1024)), "--simulate: number of workers (default 4)"
+    )
+    ps_trace: str | None = WORKERS(
+        None, Optional(Text()), "--simulate: replay this recorded arrival order (ps; default: none)"
+    )
+    topology: str = WORKERS(
+        "ring", Text(), "decentralized: ring, torus, exp2, complete or a 0/1 adjacency file"
+    )
+    order: str = WORKERS(
+        "atc", Choice(ORDERS), "decentralized: adapt-then-combine (atc) or combine-then-adapt"
+    )
+    gossip: bool = WORKERS(False, Flag(), "decentralized: random pairwise gossip per step")
+    straggler: str | None = WORKERS(
+        None,
+        Optional(Text()),
+        "delay one worker's every step (default: none)",
+        metavar="RANK:SECONDS",
+    )
+    timeout: float = WORKERS(
+        300.0,
+        Float(min=0.0, min_open=True, max=1e7),
+        "under mpirun: seconds without progress before every rank aborts",
+    )
+    out: str | None = OUTPUT(None, Optional(Text()), "run folder (default runs/<timestamp>/)")
+    resume: str | None = OUTPUT(
+        None, Optional(Text()), "a run folder or checkpoint to continue from (default: none)"
+    )
+    eval_every: int = OUTPUT(100, Int(min=0, max=10**9), "evaluate every N steps (0 = at the end)")
+    log_every: int = OUTPUT(10, Int(min=0, max=10**9), "metrics.jsonl row every N steps")
+    checkpoint_every: int = OUTPUT(100, Int(min=0, max=10**9), "checkpoint every N steps")
+    keep_checkpoints: int = OUTPUT(3, Int(min=1, max=10**6), "checkpoints kept")
+    progress: bool = OUTPUT(
+        True,
+        Flag(),
+        "no progress output (default: a bar on a terminal, else a line every 10 s)",
+        flag="--no-progress",
+    )
+    overwrite: bool = OUTPUT(
+        False, Flag(), "replace an --out folder that holds another run (never needed for --resume)"
+    )
 
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
@@ -152,21 +259,6 @@ class RunSpec:
         if self.mesh is not None:
             MeshSpec.parse(self.mesh, self.devices)
         return self
-
-    @property
-    def pipe_degree(self) -> int:
-        """Pipeline stages this spec asks for (1 when it is not a pipeline)."""
-        if self.strategy == "pipeline":
-            return self.stages or self.devices
-        if self.strategy == "hybrid" and self.mesh and "pipe" in self.mesh:
-            return MeshSpec.parse(self.mesh, self.devices).pipe
-        return 1
-
-    def with_microbatches(self) -> RunSpec:
-        """``microbatches`` filled: 4 for pipelines, else 1."""
-        if self.microbatches is not None:
-            return self
-        return dataclasses.replace(self, microbatches=4 if self.pipe_degree > 1 else 1)
 
     def given(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what the user set)."""

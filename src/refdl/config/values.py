@@ -110,12 +110,13 @@ class Ints:
 
     min: int = 1
     max: int = 1 << 20
+    like: str = "64,64"  # an example, in the message of a bad value
 
     def problem(self, v: Any) -> str | None:
         ok = isinstance(v, tuple | list) and len(v) > 0
         ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
         ok = ok and all(self.min <= x <= self.max for x in v)
-        return None if ok else f"integers in [{self.min}, {self.max}] like 64,64 (got {v!r})"
+        return None if ok else f"integers in [{self.min}, {self.max}] like {self.like} (got {v!r})"
 
     def parse(self, raw: str) -> tuple[int, ...]:
         try:

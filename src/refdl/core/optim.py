@@ -7,10 +7,13 @@ preceded by a linear warm-up of ``warmup_steps`` from 0 to ``lr``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import optax
 
 from refdl.config.choices import LR_SCHEDULES as SCHEDULES
 from refdl.config.choices import OPTIMIZERS
+from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 
 
@@ -71,3 +74,23 @@ def make_optimizer(
     if weight_decay:
         opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
     return opt
+
+
+def make_optimizer_for(spec: RunSpec, updates_per_step: int = 1) -> tuple[Any, Any]:
+    """The optax optimizer of a resolved ``spec`` and its learning-rate schedule by step.
+
+    ``updates_per_step`` > 1 (asynchronous parameter servers apply W updates per step)
+    advances the schedule once per that many optimizer updates, i.e. once per step."""
+    base = make_schedule(
+        spec.lr,
+        spec.lr_schedule,
+        total_steps=spec.steps,
+        warmup_steps=spec.warmup_steps,
+        decay_every=spec.lr_decay_every,
+        decay_factor=spec.lr_decay_factor,
+    )
+    schedule = base if updates_per_step == 1 else (lambda n: base(n // updates_per_step))
+    optimizer = make_optimizer(
+        spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
+    )
+    return optimizer, base

@@ -6,7 +6,7 @@ difference is per sample); activation bytes from the shapes of every layer's
 output; for refdl's own models also the compiled step's operations by kind
 (``refdl.perf.ops``) and the collectives tensor parallelism leaves. A shape-only
 paper model (``refdl.perf.zoo``) is costed from its flax module; refdl's models
-from their real ``Task.step`` (``refdl.core.make.make_task``), built without any
+from their real ``Task.step`` (``refdl.assemble.make_task``), built without any
 device or strategy.
 """
 
@@ -26,10 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from refdl.assemble import load_data, make_task, resolve
 from refdl.config.rules import TENSOR_RULES
 from refdl.config.spec import RunSpec
 from refdl.core.layers import Conv, Dense
-from refdl.core.make import load_data, make_task, resolve
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf.ops import OpWork, by_kind, parse_hlo

@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.assemble import load_data, make_task, model_shape, resolve
 from refdl.config.plan import Plan, check_launch, plan
 from refdl.config.spec import RunSpec
-from refdl.core.make import load_data, make_task, model_shape, resolve
 from refdl.core.task import Task
 from refdl.data import Dataset
 from refdl.data.order import global_batch_indices
@@ -70,9 +70,10 @@ def build(spec: RunSpec) -> Run:
         spec, spec.strategy, cls.traits, model_shape(task, dataset, spec.model),
         ranks=ranks, owners=owners,
     )  # fmt: skip
+    spec = dataclasses.replace(spec, microbatches=checked.microbatches)  # the checked value
     devices = _devices(spec, checked, ranks)
     batches = functools.partial(global_batch, dataset, spec)
-    strategy = cls(task, spec, checked, devices, batches)
+    strategy = cls.executor(checked)(task, spec, checked, devices, batches)
     return Run(spec, dataset, task, checked, strategy)
 
 

@@ -53,6 +53,13 @@ class Strategy:
         self.task, self.spec, self.plan, self.devices = task, spec, plan, devices
         self.batches = batches  # only strategies that pull their own batches (ps) call it
 
+    @classmethod
+    def executor(cls, plan: Plan) -> type[Strategy]:
+        """The class that runs this strategy under ``plan``, chosen once when the run is
+        built: itself, unless the strategy has several executors (``hybrid`` with pipeline
+        stages runs the pipeline executor)."""
+        return cls
+
     # -- roles under mpirun ------------------------------------------------------------------
 
     @property
@@ -147,6 +154,12 @@ def register(name: str):
         return STRATEGIES.register(name)(cls)
 
     return deco
+
+
+def traits_of(name: str) -> Traits:
+    """What strategy ``name`` declares; a name only the performance model knows (a cost
+    formula registered alone, for a strategy not written yet) gets the defaults."""
+    return STRATEGIES.get(name).traits if name in STRATEGIES else Traits()
 
 
 def last(history: History, key: str, default: Any = None) -> Any:

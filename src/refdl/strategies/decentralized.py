@@ -12,10 +12,12 @@ and mixes parameters with its neighbours through a doubly stochastic ``W``
   random matching of the graph's edges, matched pairs average, the rest keep
   their replica - the inconsistent, cheaper variant.
 
-Three executors of the same algorithm: one process with a replica per device
+Three executors of the same replica step and the same mixing (``Decentralized.mix``,
+written once against an ``Exchange``): one process with a replica per device
 (``shard_map``, one ``ppermute`` per neighbour shift), ``--simulate`` (all
-replicas on one device, dense ``W`` - the serial oracle), and one replica per
-rank under ``mpirun`` (mpi4jax send/receive with neighbours inside ``jit``).
+replicas on one device: the same step under ``jax.vmap`` over the replica axis),
+and one replica per rank under ``mpirun`` (mpi4jax send/receive with neighbours
+inside ``jit``). The tests hold a dense-``W`` oracle of the mixing.
 Optimizer state stays local; BatchNorm statistics stay local. The evaluated
 model is the replicas' average. ``consensus_distance`` is
 ``(1/n) sum_i ||x_i - x_bar||^2`` over all parameters.
@@ -23,9 +25,10 @@ model is the replicas' average. ``consensus_distance`` is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +46,76 @@ from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
 from refdl.parallel.processes import comm, data_comm, launched_rank
 from refdl.strategies.base import Batch, History, Strategy, last, register
+
+AXIS = "data"  # the replica axis: devices under shard_map, replicas under vmap
+
+
+class Exchange(Protocol):
+    """How replicas send each other a tree (``Decentralized.mix`` is written against it)."""
+
+    def index(self) -> Any: ...
+
+    def __call__(self, tree: Any, pairs: list[tuple[int, int]]) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """Replicas on the ``AXIS`` of a ``shard_map`` or a ``vmap``: ``ppermute``. Under vmap
+    (``whole``) JAX takes only whole permutations, so the pairs are completed to a cyclic
+    one and what the missing pairs carry is dropped."""
+
+    n: int
+    whole: bool = False
+
+    def index(self) -> Any:
+        return jax.lax.axis_index(AXIS)
+
+    def __call__(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
+        if not self.whole:
+            return jax.lax.ppermute(tree, AXIS, pairs)
+        perm = complete(pairs, self.n)
+        got = jnp.asarray([any(d == j for _, d in pairs) for j in range(self.n)])[self.index()]
+        recv = jax.lax.ppermute(tree, AXIS, perm)
+        return jax.tree.map(lambda r: jnp.where(got, r, jnp.zeros_like(r)), recv)
+
+
+@dataclasses.dataclass(frozen=True)
+class Messages:
+    """One replica per MPI rank: mpi4jax send/receive of the flattened tree, only along
+    ``pairs`` (a rank that receives nothing gets zeros)."""
+
+    comm: Any
+    rank: int
+
+    def index(self) -> int:
+        return self.rank
+
+    def __call__(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
+        import mpi4jax
+
+        flat, unravel = ravel_pytree(tree)
+        dest = next((d for s, d in pairs if s == self.rank), None)
+        src = next((s for s, d in pairs if d == self.rank), None)
+        if dest is not None and src is not None:
+            return unravel(mpi4jax.sendrecv(flat, flat, source=src, dest=dest, comm=self.comm))
+        if dest is not None:
+            mpi4jax.send(flat, dest, comm=self.comm)
+        if src is not None:
+            return unravel(mpi4jax.recv(flat, src, comm=self.comm))
+        return unravel(jnp.zeros_like(flat))
+
+
+def complete(pairs: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """``pairs`` (a partial permutation of ``range(n)``) extended to a whole one.
+
+    >>> complete([(0, 1)], 3)
+    [(0, 1), (1, 2), (2, 0)]
+    """
+    dest = dict(pairs)
+    free_src = [j for j in range(n) if j not in dest]
+    free_dst = [j for j in range(n) if j not in dest.values()]
+    dest.update(zip(free_src, free_dst, strict=True))
+    return sorted(dest.items())
 
 
 def stack(tree: Any, n: int) -> Any:
@@ -70,6 +143,8 @@ class Decentralized(Strategy):
         options=frozenset({"topology", "order", "gossip", "simulate", "workers", "straggler"}),
         multiprocess="mpi",
         workers=True,
+        modes=("spmd", "mpi", "simulate"),
+        synchronous=False,
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
@@ -85,7 +160,7 @@ class Decentralized(Strategy):
         self.n_params = param_count(task.model.abstract_params(task.sample_x))
         if self.mode == "spmd":
             self.mesh = MeshSpec(data=self.n).make(devices)
-            self.sharding = NamedSharding(self.mesh, P("data"))
+            self.sharding = NamedSharding(self.mesh, P(AXIS))
         build = {"spmd": self._spmd_fn, "serial": self._serial_fn, "mpi": self._mpi_fn}[self.mode]
         matchings = range(len(self.matchings)) if spec.gossip else [None]
         self._fns = {m: build(m) for m in matchings}  # jitted; each compiles on its first call
@@ -123,108 +198,71 @@ class Decentralized(Strategy):
         )
         return loss, grads, model_state
 
-    def _step_with(self, mix, state: TrainState, batch: Batch):
-        """The algorithm for one replica; ``mix`` averages a parameter tree with neighbours."""
+    def _step_with(self, exchange, state: TrainState, batch: Batch, matching: int | None):
+        """The algorithm for one replica; ``exchange`` moves a tree between replicas."""
         loss, grads, model_state = self._local(state, batch)
+        mix = functools.partial(self.mix, exchange=exchange, matching=matching)
         if self.spec.order == "cta":
             mixed = state.replace(params=mix(state.params))
             return self.task.apply_gradients(mixed, grads, model_state), loss
         new = self.task.apply_gradients(state, grads, model_state)
         return new.replace(params=mix(new.params)), loss
 
-    def _spmd_fn(self, matching: int | None):
-        """shard_map step: each device one replica, one ppermute per shift (or matching)."""
-        n, w = self.n, jnp.asarray(self.w, jnp.float32)
+    def mix(self, params: Any, *, exchange: Exchange, matching: int | None = None) -> Any:
+        """``sum_j W_ij x_j`` for this replica ``i``: W's diagonal times its own parameters
+        plus one exchange per neighbour shift; under ``--gossip`` the step's random
+        matching instead (matched pairs average, the rest keep theirs). The one mixing of
+        every executor: ``exchange(tree, pairs)`` returns, on each replica, the tree sent to
+        it along ``pairs`` (zeros where none is), and ``exchange.index`` is this replica."""
+        n, i = self.n, exchange.index()
+        scale = lambda c, tree: jax.tree.map(lambda x: c * x, tree)  # noqa: E731
+        if matching is not None:
+            partner = self.matchings[matching]
+            pairs = [(j, p) for j, p in enumerate(partner) if p >= 0]
+            half = jnp.asarray([0.5 if p >= 0 else 0.0 for p in partner], jnp.float32)[i]
+            recv = exchange(params, pairs)
+            return jax.tree.map(lambda x, r: (1 - half) * x + half * r, params, recv)
+        w = jnp.asarray(self.w, jnp.float32)
+        out = scale(w[i, i], params)
+        for s in self.shifts:
+            pairs = [(j, (j + s) % n) for j in range(n) if self.adj[(j + s) % n, j]]
+            recv = exchange(params, pairs)
+            out = jax.tree.map(lambda o, r, c=w[i, (i - s) % n]: o + c * r, out, recv)
+        return out
 
-        def mix(params):
-            i = jax.lax.axis_index("data")
-            if matching is not None:
-                partner = self.matchings[matching]
-                pairs = [(j, p) for j, p in enumerate(partner) if p >= 0]
-                has = jnp.asarray([p >= 0 for p in partner])[i]
-                recv = jax.lax.ppermute(params, "data", pairs)
-                return jax.tree.map(lambda x, r: jnp.where(has, 0.5 * (x + r), x), params, recv)
-            out = jax.tree.map(lambda x: w[i, i] * x, params)
-            for s in self.shifts:
-                pairs = [(j, (j + s) % n) for j in range(n) if self.adj[(j + s) % n, j]]
-                recv = jax.lax.ppermute(params, "data", pairs)
-                coef = w[i, (i - s) % n]
-                out = jax.tree.map(lambda o, r, c=coef: o + c * r, out, recv)
-            return out
+    def _spmd_fn(self, matching: int | None):
+        """shard_map step: each device one replica, ``ppermute`` between devices."""
 
         def local(state, batch):
             state = jax.tree.map(lambda x: x[0], state)
-            new, loss = self._step_with(mix, state, batch)
+            new, loss = self._step_with(Collective(self.n), state, batch, matching)
             return jax.tree.map(lambda x: x[None], new), loss[None]
 
-        fn = jax.shard_map(
-            local, mesh=self.mesh, in_specs=(P("data"), P("data")), out_specs=(P("data"), P("data"))
-        )
+        spec = P(AXIS)
+        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(spec, spec), out_specs=(spec, spec))
         return self.jit(fn, donate_argnums=0)
 
     def _serial_fn(self, matching: int | None):
-        """The oracle: every replica on one device, ``vmap`` over replicas, dense W."""
+        """Every replica on one device: the same replica step under ``jax.vmap`` over the
+        replica axis (``ppermute`` works under vmap, on whole permutations)."""
         n = self.n
-        if matching is None:
-            w = self.w
-        else:
-            w = np.eye(n)
-            for i, p in enumerate(self.matchings[matching]):
-                if p >= 0:
-                    w[i, i], w[i, p] = 0.5, 0.5
-        w = jnp.asarray(w, jnp.float32)
 
         def step(state, batch):
             shares = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), batch)
-            loss, grads, model_state = jax.vmap(self._local)(state, shares)
-
-            def mix(params):
-                return jax.tree.map(lambda x: jnp.einsum("ij,j...->i...", w, x), params)
-
-            if self.spec.order == "cta":
-                mixed = state.replace(params=mix(state.params))
-                new = jax.vmap(self.task.apply_gradients)(mixed, grads, model_state)
-            else:
-                new = jax.vmap(self.task.apply_gradients)(state, grads, model_state)
-                new = new.replace(params=mix(new.params))
-            return new, loss
+            one = functools.partial(self._step_with, Collective(n, whole=True), matching=matching)
+            return jax.vmap(one, axis_name=AXIS)(state, shares)
 
         return self.jit(step, donate_argnums=0)
 
     def _mpi_fn(self, matching: int | None):
-        """One rank's step: its replica, mpi4jax send/receive with neighbours inside jit."""
+        """One rank's step: its replica, mpi4jax messages with its neighbours inside jit."""
         import mpi4jax  # only under mpirun: mpi4py starts MPI when imported
 
-        comm, n, r, w = data_comm(), self.n, self.rank, self.w
-
-        def mix(params):
-            flat, unravel = ravel_pytree(params)
-            if matching is not None:
-                p = self.matchings[matching][r]
-                if p < 0:
-                    return params
-                recv = mpi4jax.sendrecv(flat, flat, source=p, dest=p, comm=comm)
-                return unravel(0.5 * (flat + recv))
-            out = float(w[r, r]) * flat
-            for s in self.shifts:
-                dest, src = (r + s) % n, (r - s) % n
-                send, recv = bool(self.adj[dest, r]), bool(self.adj[r, src])
-                if send and recv:
-                    got = mpi4jax.sendrecv(flat, flat, source=src, dest=dest, comm=comm)
-                elif send:
-                    mpi4jax.send(flat, dest, comm=comm)
-                    continue
-                elif recv:
-                    got = mpi4jax.recv(flat, src, comm=comm)
-                else:
-                    continue
-                out = out + float(w[r, src]) * got
-            return unravel(out)
+        comm = data_comm()
 
         def step(state, batch):
-            new, loss = self._step_with(mix, state, batch)
-            mean_loss = mpi4jax.allreduce(loss, op=_mpi_sum(), comm=comm) / n
-            return new, mean_loss
+            new, loss = self._step_with(Messages(comm, self.rank), state, batch, matching)
+            return new, mpi4jax.allreduce(loss, op=_mpi_sum(), comm=comm) / self.n
 
         return self.jit(step, donate_argnums=0)
 

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from refdl.comm.measure import collective_bytes
-from refdl.config.plan import Traits
+from refdl.config.plan import Plan, Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
 from refdl.core.state import TrainState
@@ -43,14 +43,17 @@ class Hybrid(Strategy):
             {"mesh", "preset", "schedule", "chunks", "stage_boundaries", "plot_schedule"}
         ),
         multiprocess="spmd",
+        fills_host=True,
     )
+
+    @classmethod
+    def executor(cls, plan: Plan) -> type[Strategy]:
+        """With ``pipe`` > 1 the pipeline executor runs the stages, each on its
+        ``data x fsdp x model`` sub-mesh; otherwise one program over the whole mesh."""
+        return HybridPipeline if plan.mesh.pipe > 1 else cls
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
-        self.pipeline = None
-        if plan.mesh.pipe > 1:  # stages over `pipe`, each on its data x model sub-mesh
-            self.pipeline = Pipeline(task, spec, plan, devices, batches)
-            return
         self.mesh = plan.mesh.make(devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P(plan.batch_axes))
@@ -95,32 +98,16 @@ class Hybrid(Strategy):
             extras=rep(state.extras),
         )
 
-    def host_template(self, seed: int) -> TrainState:
-        if self.pipeline is not None:
-            return self.pipeline.host_template(seed)
-        return super().host_template(seed)
-
     def place_state(self, host_state: TrainState) -> TrainState:
-        if self.pipeline is not None:
-            return self.pipeline.place_state(host_state)
         return jax.device_put(host_state, self.shardings)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-        if self.pipeline is not None:
-            return self.pipeline.train_step(state, batch)
         state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))
         if self.serialize_steps:
             jax.block_until_ready(state)
         return state, {**metrics, "comm_bytes": self.comm.get("total", 0)}
 
-    def gather_state(self, state: Any) -> TrainState:
-        if self.pipeline is not None:
-            return self.pipeline.gather_state(state)
-        return super().gather_state(state)
-
     def summary(self, history: History) -> dict[str, Any]:
-        if self.pipeline is not None:
-            return {**self.pipeline.summary(history), "preset": "tensor"}
         return {
             "mesh": self.plan.mesh.as_dict(),
             "preset": self.spec.preset or "tensor",
@@ -128,3 +115,14 @@ class Hybrid(Strategy):
             "comm_bytes_per_step": self.comm.get("total"),
             "comm_bytes_by_collective": {k: v for k, v in self.comm.items() if k != "total"},
         }
+
+
+class HybridPipeline(Pipeline):
+    """``hybrid`` with ``pipe`` > 1: the pipeline executor over the stages' sub-meshes
+    (their parameters split by the plan's rules), reported as hybrid."""
+
+    name = "hybrid"
+    traits = Hybrid.traits
+
+    def summary(self, history: History) -> dict[str, Any]:
+        return {**super().summary(history), "preset": "tensor"}

@@ -28,7 +28,6 @@ carry no timeline (the host cannot see when an operation dispatched ahead starts
 
 from __future__ import annotations
 
-import time
 from typing import Any, NamedTuple
 
 import jax
@@ -38,6 +37,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from refdl.config.choices import LOOPED
 from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
@@ -47,6 +47,7 @@ from refdl.core.state import TrainState
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
+from refdl.strategies.pipeline_walk import Recorder, Walk
 
 MEASURE_EVERY = 5  # steps between timed ones when the loop logs none (--log-every 0)
 
@@ -74,6 +75,7 @@ class Pipeline(Strategy):
     traits = Traits(
         axes=("pipe",),
         options=frozenset({"stages", "schedule", "chunks", "stage_boundaries", "plot_schedule"}),
+        pipeline=True,
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
@@ -85,7 +87,8 @@ class Pipeline(Strategy):
         mesh = plan.mesh.make(devices)
         self.submeshes = [Mesh(mesh.devices[..., s], AXES[:-1]) for s in range(p)]
         self.rules = plan.rules if plan.mesh.size > p else {}
-        self.schedule = build_schedule(spec.schedule, p, m, spec.chunks)
+        # The plan's chunks per device (checked); the table takes the looped schedules' own.
+        self.schedule = build_schedule(spec.schedule, p, m, v if spec.schedule in LOOPED else 1)
         self.boundaries = list(plan.cuts)
         self.chunks = task.model.split(self.boundaries)
         self.p, self.v, self.m = p, v, m
@@ -219,98 +222,30 @@ class Pipeline(Strategy):
             return self._walk(state, batch)
 
     def _walk(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
-        """One step: the table walked, then each stage's optimizer update."""
+        """One step: the table walked, an operation at a time (``pipeline_walk``), then each
+        stage's optimizer update."""
         # Every microbatch's input to the first stage and labels to the last, in one
         # transfer each (a device_put per microbatch cost ~100 us of host time apiece).
         xs = jax.device_put(np.split(batch["x"], self.m), self.act_sharding(0))
         ys = jax.device_put(np.split(batch["y"], self.m), self.act_sharding(self.k_last))
-        stash: dict[tuple[int, int], Any] = {}  # (mb, k) -> input activation of k
-        sent: dict[tuple[int, int], Any] = {}  # (mb, k) -> k's output, or d loss / d output
-        kept: dict[tuple[int, int], Any] = {}  # (mb, k) -> output gradient kept for W
-        gsum: list[Any] = [None] * len(self.chunks)
-        new_model_state = [s.model_state for s in state]
-        losses = []
-        timeline: list[tuple[int, str, float, float]] = []
-        p2p = 0
-        live, peak = [0] * self.p, [0] * self.p  # stashed activation bytes per device
-
-        def receive(value: Any, k: int, origin: int) -> Any:
-            """``value`` moved to virtual stage ``k``'s devices from ``origin``'s."""
-            nonlocal p2p
-            value = jax.device_put(value, self.act_sharding(k))
-            p2p += value.nbytes if self.device[origin] != self.device[k] else 0
-            return value
-
-        def hold(s: int, nbytes: int) -> None:
-            live[s] += nbytes
-            peak[s] = max(peak[s], live[s])
-
-        def accumulate(k: int, g: Any) -> Any:
-            gsum[k] = g if gsum[k] is None else self._add(gsum[k], g)
-            return gsum[k]
-
         # Timed steps (the first two and the logged ones) wait slot by slot and record the
         # timeline (the bubble); the others dispatch the whole table and return at once.
-        timed = self._clock.timed(state) or not self.dispatch_ahead
-        t0 = time.perf_counter()
+        rec = Recorder(self.device, self.p, self._clock.timed(state) or not self.dispatch_ahead)
+        place = lambda value, k: jax.device_put(value, self.act_sharding(k))  # noqa: E731
+        walk = Walk(state, xs, ys, self._fns, place, self._add, self.schedule.split_backward, rec)
         for row in self.schedule.table:
-            start = time.perf_counter() - t0
-            pending = []
-            for s, op in enumerate(row):
-                if op is None:
-                    continue
-                k, mb = self.schedule.virtual(s, op), op.mb
-                params, fns, last = state[k].params, self._fns[k], k == self.k_last
-                if op.kind == "F":
-                    x = xs[mb] if k == 0 else receive(sent.pop((mb, k - 1)), k, k - 1)
-                    stash[(mb, k)] = x
-                    hold(s, x.nbytes)
-                    y = (ys[mb],) if last else ()
-                    result, new_model_state[k] = fns.fwd(params, new_model_state[k], x, *y)
-                    if last:
-                        losses.append(result)
-                        kept[(mb, k)] = y[0]  # the labels stand for the output gradient
-                    else:
-                        sent[(mb, k)] = result
-                    pending.append((s, str(op), result))
-                    continue
-                if op.kind == "B" and (mb, k) not in kept:  # the output gradient arrives
-                    kept[(mb, k)] = receive(sent.pop((mb, k)), k, k + 1)
-                    hold(s, kept[(mb, k)].nbytes if self.schedule.split_backward else 0)
-                x, g = stash[(mb, k)], kept[(mb, k)]
-                if op.kind == "B" and not self.schedule.split_backward:
-                    result = g_params, g_x = fns.bwd(params, state[k].model_state, x, g)
-                    accumulate(k, g_params)
-                elif op.kind == "B":
-                    result = g_x = fns.bwd_input(params, state[k].model_state, x, g)
-                else:  # W: the weight gradient, from the kept input and output gradient
-                    result = accumulate(k, fns.bwd_weight(params, state[k].model_state, x, g))
-                if op.kind == "B" and k > 0:
-                    sent[(mb, k - 1)] = g_x
-                if op.kind == ("W" if self.schedule.split_backward else "B"):
-                    del stash[(mb, k)], kept[(mb, k)]
-                    held = x.nbytes + (g.nbytes if self.schedule.split_backward and not last else 0)
-                    live[s] -= held
-                pending.append((s, str(op), result))
-            if not timed:
-                continue
-            for s, name, result in pending:
-                jax.block_until_ready(result)
-                timeline.append((s, name, start, time.perf_counter() - t0))
-        total = time.perf_counter() - t0
+            start = rec.now()
+            rec.slot(start, [(s, str(op), walk.run(op.kind, s, self.schedule.virtual(s, op), op.mb))
+                             for s, op in enumerate(row) if op is not None])  # fmt: skip
+        total = rec.now()
         state = [
             update(st, g, ms)
-            for update, st, g, ms in zip(self._updates, state, gsum, new_model_state, strict=True)
-        ]
-        if timed:
+            for update, st, g, ms in zip(self._updates, state, walk.gsum, walk.model_state,
+                                         strict=True)
+        ]  # fmt: skip
+        if rec.timed:
             jax.block_until_ready(state)
-        metrics = {"loss": jnp.mean(jnp.stack(losses)), "comm_bytes": p2p,
-                   "peak_activation_bytes_per_stage": peak}  # fmt: skip
-        if timed:
-            busy = sum(end - begin for _, _, begin, end in timeline)
-            metrics.update(bubble_fraction_measured=1.0 - busy / (self.p * total),
-                           timeline=timeline)  # fmt: skip
-        return state, metrics
+        return state, {"loss": jnp.mean(jnp.stack(walk.losses)), **rec.metrics(total)}
 
     @property
     def dispatch_ahead(self) -> bool:

@@ -42,12 +42,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from refdl.cli import Parser
 from refdl.config.paths import writable_folder
 from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
+from refdl.strategies import traits_of
 from refdl.validate.asynchronous import print_async, validate_async
 from refdl.validate.exact import FIRST_STEP_RTOL, ValidationFailed, print_report, validate
 from refdl.validate.export import export_start
@@ -56,20 +57,19 @@ from refdl.validate.results import results_report, summary_line, write_report
 PROG = "refdl.validate"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=f"python -m {PROG}",
+    p = Parser(
+        name=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", default="torch", choices=["torch", "tensorflow", "mxnet"])
-    p.add_argument("--strategy", default="single", help="single, data, pipeline (torch) or ps")
+    p.add_argument(
+        "--strategy",
+        default="single",
+        help="single, data, pipeline (torch), ps (tensorflow, mxnet), or any "
+        "synchronous strategy (compared with the framework's plain training)",
+    )
     p.add_argument("--ps-mode", default="sync", choices=["sync", "async"],
                    help="ps: sync (MXNet dist_sync, compared step by step) or async "
                         "(TensorFlow ParameterServerStrategy, MXNet dist_async)")  # fmt: skip
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.report:
                     print(f"report: {Path(args.report) / 'report.md'}")
             return 0 if r["passed"] else 1
-        asynchronous = args.strategy == "ps" and args.ps_mode == "async"
+        traits = traits_of(args.strategy)
+        asynchronous = "ps_mode" in traits.options and not traits.synchronous_with(args.ps_mode)
         r = validate_async(args) if asynchronous else validate(args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -28,17 +28,23 @@ from refdl.errors import UsageError
 from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import loss_value, trajectory
+from refdl.strategies import STRATEGIES, traits_of
 
-STRATEGIES = ("single", "data", "pipeline")
-# What each framework's adapter covers: strategies and models.
+# What each framework's adapter covers: the refdl strategies it runs its own way (its
+# twins) and the models. Any other strategy that declares itself synchronous is compared
+# with the framework's plain, one-device training (its parameters equal single's).
 COVERS = {
-    "torch": (
-        ("single", "data", "pipeline"),
-        ("mlp", "lenet5", "resnet", "lstm_lm", "transformer"),
-    ),
+    "torch": (adapter.TWINS, ("mlp", "lenet5", "resnet", "lstm_lm", "transformer")),
     "tensorflow": (("single", "data", "ps"), ("mlp", "lenet5", "lstm_lm")),
     "mxnet": (("single", "data", "ps"), ("mlp", "lenet5")),
 }
+
+
+def twin_of(fw: str, strategy: str) -> str:
+    """The framework's run compared with refdl's ``strategy``: its twin, else ``single``."""
+    return strategy if strategy in COVERS[fw][0] else "single"
+
+
 # fp32 tolerances (docs/validation.md). Two tight checks hold for
 # every model: the first step's loss (the forward pass) and the parameters after the
 # first update (backward pass and optimizer) agree to FIRST_STEP_RTOL. Over N steps,
@@ -170,13 +176,9 @@ def torch_run(
         loss=s.loss,
         native_bn=native_bn,
     )
-    if strategy == "single":
-        r, impl = adapter.train_single(plan), "plain PyTorch"
-    elif strategy == "data":
-        r, impl = adapter.train_ddp(plan, devices, timeout), f"DDP over gloo, {devices} processes"
-    else:
-        r = adapter.train_pipeline(plan, ref.boundaries, s.microbatches, s.schedule, timeout)
-        impl = f"torch.distributed.pipelining {s.schedule}"
+    r, impl = adapter.train_twin(strategy, plan, devices=devices, cuts=tuple(ref.boundaries or ()),
+                                 microbatches=s.microbatches, schedule=s.schedule,
+                                 timeout=timeout)  # fmt: skip
     return Other(r.losses, r.params, r.first_params, r.step_times, impl)
 
 
@@ -191,48 +193,53 @@ def job_of(ref: Reference, strategy: str, devices: int, workers: int, ps_mode: s
 def check_coverage(args: argparse.Namespace) -> None:
     """What the framework's adapter covers, checked before any run (one line each)."""
     fw = args.framework
-    strategies, models = COVERS[fw]
-    if args.strategy not in strategies:
-        raise UsageError(f"the {fw} adapter compares --strategy {', '.join(strategies)}; "
-                         f"not {args.strategy!r}")  # fmt: skip
+    twins, models = COVERS[fw]
+    traits = STRATEGIES.get(args.strategy).traits  # an unknown name: the list of strategies
+    if args.strategy not in twins and not traits.synchronous_with(args.ps_mode):
+        raise UsageError(f"the {fw} adapter compares --strategy {', '.join(twins)} and any "
+                         f"synchronous strategy; not {args.strategy!r}")  # fmt: skip
     if args.model not in models:
         raise UsageError(f"the {fw} adapter covers --model {', '.join(models)}; not {args.model!r}")
+    twin = twin_of(fw, args.strategy)
     if fw == "torch":
         adapter.require()
-        if args.strategy == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
+        if twin == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
             raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
-        if args.strategy == "data" and args.torch_batchnorm == "native":
+        if twin == "data" and args.torch_batchnorm == "native":
             raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
         if args.workers is not None:
             raise UsageError("--workers is for --strategy ps and TensorFlow's multi-worker "
                              "data; PyTorch's DDP processes are --devices")  # fmt: skip
     else:
         process.require(fw)
-    if args.strategy == "ps" and args.ps_mode == "sync" and fw == "tensorflow":
+    if traits.servers and args.ps_mode == "sync" and fw == "tensorflow":
         raise UsageError("TensorFlow's ParameterServerStrategy trains asynchronously: use "
                          "--ps-mode async, or --framework mxnet for dist_sync")  # fmt: skip
-    if args.strategy != "ps" and args.ps_mode != "sync":
+    if "ps_mode" not in traits.options and args.ps_mode != "sync":
         raise UsageError(f"--ps-mode {args.ps_mode} is for --strategy ps")
-    if args.strategy == "ps" and args.devices is not None:
-        raise UsageError("--strategy ps runs --workers processes; drop --devices")
-    if args.strategy == "data" and args.workers is not None and args.devices is not None:
-        raise UsageError("--strategy data takes --devices (in one process) or --workers "
-                         "(processes), not both")  # fmt: skip
-    if args.strategy == "single" and (args.devices or 1) != 1:
-        raise UsageError("--strategy single runs on 1 device; drop --devices")
+    if traits.workers and args.devices is not None:
+        raise UsageError(f"--strategy {args.strategy} runs --workers processes; drop --devices")
+    if twin == "data" and args.workers is not None and args.devices is not None:
+        raise UsageError(f"--strategy {args.strategy} takes --devices (in one process) or "
+                         "--workers (processes), not both")  # fmt: skip
+    if not traits.axes and not traits.workers and (args.devices or 1) != 1:
+        raise UsageError(f"--strategy {args.strategy} runs on 1 device; drop --devices")
 
 
 def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
     """refdl's side of a synchronous comparison: the same strategy (ps: the in-process
     simulator, sync, with the same workers)."""
+    traits = traits_of(args.strategy)
     kw: dict[str, Any] = {}
     for name in ("optimizer", "lr", "dataset", "microbatches"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
-    if args.strategy == "pipeline":
+    if "schedule" in traits.options:
         kw["schedule"] = args.schedule
-    if args.strategy == "ps":
-        kw.update(simulate=True, workers=workers, ps_mode="sync")
+    if traits.workers:
+        kw.update(simulate=True, workers=workers)
+        if "ps_mode" in traits.options:
+            kw["ps_mode"] = "sync"
     else:
         kw["devices"] = devices * workers
     return RunSpec(strategy=args.strategy, model=args.model, steps=args.steps,
@@ -243,11 +250,10 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     """Both sides of one configuration, compared; ``passed`` says whether within tolerance."""
     check_coverage(args)
     fw = args.framework
-    workers = args.workers or (2 if args.strategy == "ps" else 1)
-    if args.strategy == "ps":
-        devices = 1
-    else:
-        devices = args.devices or (1 if args.strategy == "single" or args.workers else 2)
+    traits = traits_of(args.strategy)
+    workers = args.workers or (2 if traits.workers else 1)
+    one = traits.workers or not traits.axes or args.workers  # one device per process
+    devices = 1 if traits.workers else args.devices or (1 if one else 2)
     phase(f"refdl.validate: refdl's {args.strategy} run of {args.model}, {args.steps} steps")
     ref = reference_run(sync_spec(args, devices, workers), plain_layers=fw != "torch")
     phase(f"refdl.validate: {fw}'s run of the same steps (its own processes; up to a few "
@@ -258,7 +264,8 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
             args.torch_batchnorm == "native",
         )  # fmt: skip
     else:
-        other = framework_run(fw, ref, job_of(ref, args.strategy, devices, workers, "sync"),
+        job = job_of(ref, twin_of(fw, args.strategy), devices, workers, "sync")
+        other = framework_run(fw, ref, job,
                               args.perturb, args.timeout)  # fmt: skip
     loss_diff = [abs(a - b) for a, b in zip(ref.losses, other.losses, strict=True)]
     loss_rel = [d / max(abs(a), 1e-12) for d, a in zip(loss_diff, ref.losses, strict=True)]
@@ -283,7 +290,7 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         "framework_impl": other.impl,
         "comparison": "exact",
         "strategy": args.strategy,
-        "ps_mode": "sync" if args.strategy == "ps" else None,
+        "ps_mode": "sync" if "ps_mode" in traits.options else None,
         "model": args.model,
         "dataset": s.dataset,
         "devices": devices,
@@ -292,8 +299,8 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": s.batch_size,
         "optimizer": s.optimizer,
         "lr": s.lr,
-        "microbatches": s.microbatches if args.strategy == "pipeline" else None,
-        "schedule": s.schedule if args.strategy == "pipeline" else None,
+        "microbatches": s.microbatches if ref.boundaries else None,
+        "schedule": s.schedule if ref.boundaries else None,
         "stage_boundaries": ref.boundaries,
         "perturb": args.perturb,
         "refdl_loss": ref.losses,
@@ -318,7 +325,7 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(r: dict[str, Any]) -> None:
     """The validation as a few readable lines."""
     fw = r["framework"]
-    n_ranks = r["workers"] if r["strategy"] == "ps" else r["devices"] * r["workers"]
+    n_ranks = r["workers"] if traits_of(r["strategy"]).workers else r["devices"] * r["workers"]
     what = f"{r['strategy']} {r['model']} x{n_ranks}, {r['steps']} steps"
     if r["schedule"]:
         what += f", {r['schedule']} {r['microbatches']} microbatches, cuts {r['stage_boundaries']}"

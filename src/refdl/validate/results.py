@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 
 from refdl import hw as hwmod
+from refdl.assemble import resolve
 from refdl.config.spec import RunSpec
-from refdl.core.make import resolve
 from refdl.data import DATASETS
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
+from refdl.strategies import STRATEGIES
 from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
 from refdl.validate.export import start_of, start_spec
@@ -193,11 +194,14 @@ def _throughput(
     hw_name = config.get("hw", args.hw)
     profile = hwmod.load(hw_name)
     devices = int(config.get("devices", 1))
+    # A logged strategy refdl knows that only splits the batch over devices is predicted as
+    # itself; any other (a framework's own word, a mesh, workers) as one device's steps.
     strategy = config.get("strategy", "single")
+    splits_batch = strategy in STRATEGIES and STRATEGIES.get(strategy).traits.axes == ("data",)
     opts = PredictOptions(microbatches=spec.microbatches or 1, schedule=spec.schedule)
     pred = predict_steps(
         hw_name,
-        strategy if strategy in ("single", "data") else "single",
+        strategy if splits_batch else "single",
         spec.model,
         spec.batch_size,
         [devices],

@@ -42,8 +42,8 @@ import jax
 import numpy as np
 from scipy import stats as sps
 
+from refdl.assemble import load_data
 from refdl.config.spec import RunSpec
-from refdl.core.make import load_data
 from refdl.run.build import build
 from refdl.run.report import eval_program, evaluate
 from refdl.run.trajectory import loss_value, trajectory

@@ -11,6 +11,7 @@ from refdl.adapters.torch.models import (
     require,
 )
 from refdl.adapters.torch.runners import (
+    TWINS,
     TorchResult,
     TrainPlan,
     loss_fn,
@@ -19,11 +20,13 @@ from refdl.adapters.torch.runners import (
     train_pipeline,
     train_single,
     train_single_apart,
+    train_twin,
 )
 
 __all__ = [
     "INSTALL_HINT",
     "NATIVE_DDP_REFUSED",
+    "TWINS",
     "ModelPlan",
     "TorchResult",
     "TrainPlan",
@@ -38,4 +41,5 @@ __all__ = [
     "train_pipeline",
     "train_single",
     "train_single_apart",
+    "train_twin",
 ]

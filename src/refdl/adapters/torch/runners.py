@@ -303,3 +303,23 @@ def train_pipeline(
         raise UsageError(f"PyTorch pipelining twin exists for gpipe and 1f1b, not {schedule!r}")
     world = len(cuts) + 1
     return _read(_spawn(_pipe_rank, world, plan, (list(cuts), microbatches, schedule), timeout))
+
+
+# The refdl strategies PyTorch runs its own way; any other synchronous strategy is compared
+# with plain PyTorch, since its parameters after N steps equal ``single``'s.
+TWINS = ("single", "data", "pipeline")
+
+
+def train_twin(
+    strategy: str, plan: TrainPlan, *, devices: int = 1, cuts: tuple[int, ...] = (),
+    microbatches: int = 1, schedule: str = "1f1b", timeout: float = 600, apart: bool = False,
+) -> tuple[TorchResult, str]:  # fmt: skip
+    """PyTorch's twin of ``strategy`` on ``plan`` (plain PyTorch for a strategy without
+    one; ``apart``: plain PyTorch in a process of its own) and what ran, in words."""
+    twin = strategy if strategy in TWINS else "single"
+    if twin == "data":
+        return train_ddp(plan, devices, timeout), f"DDP over gloo, {devices} processes"
+    if twin == "pipeline":
+        result = train_pipeline(plan, list(cuts), microbatches, schedule, timeout)
+        return result, f"torch.distributed.pipelining {schedule}"
+    return (train_single_apart(plan, timeout) if apart else train_single(plan)), "plain PyTorch"

@@ -43,7 +43,7 @@ import numpy as np
 from refdl.config.plan import Traits
 from refdl.config.spec import straggler_of
 from refdl.core.layers import param_count
-from refdl.core.make import make_optimizer_for
+from refdl.core.optim import make_optimizer_for
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
 from refdl.parallel.processes import data_comm, launched_rank
@@ -62,6 +62,9 @@ class ParameterServer(Strategy):
         ),
         multiprocess="mpi",
         workers=True,
+        modes=("mpi", "simulate"),
+        servers=True,
+        straggler_modes=("mpi", "simulate"),
         batch_stats=False,
     )
 
@@ -76,8 +79,8 @@ class ParameterServer(Strategy):
         params = task.model.abstract_params(task.sample_x)
         self.layout = Layout(params, self.k)
         self.n_params = param_count(params)
-        self._apply = self.jit(self._apply_group)
-        self._grad = self.jit(self._worker_grads)
+        self.update = self.jit(self.update_shard)
+        self.grads = self.jit(self.worker_grads)
         self.executor = self._executor()
 
     def _executor(self) -> Any:
@@ -106,14 +109,16 @@ class ParameterServer(Strategy):
         return jax.device_put(host_state, self.devices[0])
 
     # ----- the math every executor shares (compiled once: replays are bit-identical) -----
+    # ``update`` and ``grads`` are these two compiled; the executors call them, nothing else.
 
-    def _apply_group(self, leaves, opt_state, grads, scale):
+    def update_shard(self, leaves, opt_state, grads, scale):
         """One optimizer update of a server's shard with ``scale * grads``."""
         grads = [g * scale for g in grads]
         updates, opt_state = self.opt.update(grads, opt_state, leaves)
         return [p + u for p, u in zip(leaves, updates, strict=True)], opt_state
 
-    def _worker_grads(self, params, batch):
+    def worker_grads(self, params, batch):
+        """A worker's loss and gradient on its share of a batch."""
         loss, grads, _ = self.task.accumulated_grads(params, {}, batch, self.plan.microbatches)
         return loss, grads
 

@@ -66,7 +66,7 @@ class Server:
             for w in range(ps.w):
                 msg = mpi4jax.recv(jnp.zeros(size), ps.k + w, tag=GRAD, comm=comm)
                 acc, losses = acc + msg[:-TRAILER], [*losses, msg[-TRAILER]]
-            leaves, opt = ps._apply_group(leaves, opt, ps.layout.unflat(acc, s), 1.0 / ps.w)
+            leaves, opt = ps.update_shard(leaves, opt, ps.layout.unflat(acc, s), 1.0 / ps.w)
             flat = ps.layout.flat(leaves)
             for w in range(ps.w):
                 mpi4jax.send(flat, ps.k + w, tag=PARAMS, comm=comm)
@@ -77,7 +77,7 @@ class Server:
     def _async_fn(self):
         """Receive one gradient from any worker (source in ``self.status``) and apply it.
 
-        The update is ``ParameterServer._apply``, the very compiled function the simulator
+        The update is ``ParameterServer.update``, the very compiled function the simulator
         runs, so a replay of the recorded arrival order reproduces the run bit for bit
         (asynchronous runs amplify even one-ulp differences)."""
         ps, comm, s = self.ps, self.comm, self.s
@@ -92,7 +92,7 @@ class Server:
 
         def apply_one(leaves, opt):
             msg = receive()
-            leaves, opt = ps._apply(leaves, opt, unpack(msg), 1.0 / ps.w)
+            leaves, opt = ps.update(leaves, opt, unpack(msg), 1.0 / ps.w)
             return leaves, opt, pack(leaves), msg[-TRAILER], msg[-1]
 
         return apply_one
@@ -184,9 +184,9 @@ class Worker:
         exchange = jax.jit(exchange)
 
         def step(params, batch, clock):
-            # The gradient is ParameterServer._grad, the simulator's own compiled function
+            # The gradient is ParameterServer.grads, the simulator's own compiled function
             # (bit-identical replays); the messages to every server go in one call.
-            loss, grads = ps._grad(params, batch)
+            loss, grads = ps.grads(params, batch)
             return exchange(params, grads, loss, clock)
 
         return step

@@ -57,12 +57,12 @@ class Simulator:
         if ps.spec.ps_mode == "sync":
             acc = None
             for w in range(ps.w):
-                loss, grads = ps._grad(state.params, ps.share(step, w))
+                loss, grads = ps.grads(state.params, ps.share(step, w))
                 losses.append(loss)
                 acc = grads if acc is None else jax.tree.map(jnp.add, acc, grads)
             gsplit = ps.layout.split(acc)
             for s in range(ps.k):
-                groups[s], opt[s] = ps._apply(groups[s], opt[s], gsplit[s], 1.0 / ps.w)
+                groups[s], opt[s] = ps.update(groups[s], opt[s], gsplit[s], 1.0 / ps.w)
         else:
             if self.start_step is None:
                 self._begin(state, step)
@@ -72,11 +72,11 @@ class Simulator:
                 self.needed[v] -= 1
                 if not self.needed[v]:
                     del self.snapshots[v]
-                loss, grads = ps._grad(read, ps.share(clock, w))
+                loss, grads = ps.grads(read, ps.share(clock, w))
                 losses.append(loss)
                 gsplit = ps.layout.split(grads)
                 for s in range(ps.k):
-                    groups[s], opt[s] = ps._apply(groups[s], opt[s], gsplit[s], 1.0 / ps.w)
+                    groups[s], opt[s] = ps.update(groups[s], opt[s], gsplit[s], 1.0 / ps.w)
                 self.version += 1
                 if self.needed[self.version]:
                     self.snapshots[self.version] = ps.layout.join(groups)

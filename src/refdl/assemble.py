@@ -1,15 +1,15 @@
 """From a spec to the pure pieces of a run, without devices: data set, ``Task``, model shape.
 
-``make_task`` is what the run builder (``refdl.run.build``) and the performance
-model (``refdl.perf.model_cost``) share: neither builds the other's parts, and
-nothing here places an array on a device (parameters appear only as shapes
-until a strategy initialises them).
+It assembles what the layers below it define (data sets, models, losses,
+optimizers), which is why it sits above them. ``make_task`` is what the run
+builder (``refdl.run.build``) and the performance model (``refdl.perf.model_cost``)
+share: neither builds the other's parts, and nothing here places an array on a
+device (parameters appear only as shapes until a strategy initialises them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,19 +18,18 @@ import numpy as np
 from refdl.config.plan import Layer, ModelShape
 from refdl.config.spec import RunSpec
 from refdl.core.losses import LOSSES
-from refdl.core.optim import make_optimizer, make_schedule
+from refdl.core.optim import make_optimizer_for
 from refdl.core.task import Task
 from refdl.data import Dataset, load_dataset
 from refdl.models import MODELS
 
 
 def resolve(spec: RunSpec) -> RunSpec:
-    """``spec`` with the model's recipe (data set, optimizer, learning rate) where unset and
-    the microbatches filled, validated."""
-    spec.validate()
+    """``spec`` with the model's recipe (data set, optimizer, learning rate) where unset,
+    validated (the microbatches are the plan's: ``refdl.config.plan``)."""
     d = MODELS.get(spec.model).defaults
     return dataclasses.replace(
-        spec.with_microbatches(),
+        spec,
         dataset=spec.dataset or d.get("dataset", "digits"),
         optimizer=spec.optimizer or d.get("optimizer", "sgd"),
         lr=spec.lr if spec.lr is not None else d.get("lr", 0.01),
@@ -40,26 +39,6 @@ def resolve(spec: RunSpec) -> RunSpec:
 def load_data(spec: RunSpec) -> Dataset:
     """The spec's data set (read from ``--data-dir`` where it needs files)."""
     return load_dataset(spec.dataset, spec.data_dir, dict(spec.data_opts))
-
-
-def make_optimizer_for(spec: RunSpec, updates_per_step: int = 1) -> tuple[Any, Any]:
-    """The optax optimizer of a resolved ``spec`` and its learning-rate schedule by step.
-
-    ``updates_per_step`` > 1 (asynchronous parameter servers apply W updates per step)
-    advances the schedule once per that many optimizer updates, i.e. once per step."""
-    base = make_schedule(
-        spec.lr,
-        spec.lr_schedule,
-        total_steps=spec.steps,
-        warmup_steps=spec.warmup_steps,
-        decay_every=spec.lr_decay_every,
-        decay_factor=spec.lr_decay_factor,
-    )
-    schedule = base if updates_per_step == 1 else (lambda n: base(n // updates_per_step))
-    optimizer = make_optimizer(
-        spec.optimizer, schedule, momentum=spec.momentum, weight_decay=spec.weight_decay
-    )
-    return optimizer, base
 
 
 def make_task(spec: RunSpec, dataset: Dataset) -> Task:

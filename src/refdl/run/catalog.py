@@ -1,0 +1,25 @@
+"""What can be trained: the strategies, models and data sets registered, as ``--list`` shows."""
+
+from __future__ import annotations
+
+from refdl.data import DATASETS
+from refdl.models import MODELS
+from refdl.strategies import STRATEGIES
+
+
+def print_list() -> None:
+    """Each strategy, model (its recipe and options) and data set, a line each."""
+    print("strategies: " + ", ".join(STRATEGIES.names()))
+    print("models:")
+    for name in MODELS.names():
+        m = MODELS.get(name)
+        opts = ", ".join(f"{k}={v}" for k, v in m.defaults_of_options().items())
+        trains = ", ".join(f"{k} {v}" for k, v in m.defaults.items())
+        print(f"  {name:12s} {m.doc} [{m.data_kind}] trains with: {trains}; options: {opts}")
+    print("data sets:")
+    for name in DATASETS.names():
+        d = DATASETS.get(name)
+        opts = ", ".join(f"{k}={v}" for k, v in d.defaults_of_options().items()) or "none"
+        print(
+            f"  {name:14s} {d.doc}{' (needs --data-dir)' if d.needs_dir else ''}; options: {opts}"
+        )

@@ -1,0 +1,123 @@
+"""From the settings a command line gave to the settings a run starts with.
+
+A resumed run takes its own settings (``config.json``) and the flags given again,
+which must agree; a strategy's options given for another strategy are refused even at
+their default; the device count is decided before JAX starts its backend. Only light
+modules are imported at the top: JAX starts inside ``choose_devices``, after the
+device count is set.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from refdl.config.files import load_json
+from refdl.config.mesh import MeshSpec
+from refdl.config.plan import check_options
+from refdl.config.spec import OUTPUT_KEYS, RunSpec, config_key, differing, flag
+from refdl.errors import UsageError
+from refdl.parallel import processes
+from refdl.run import checkpoint
+from refdl.strategies import STRATEGIES
+
+
+def run_config(resume: str) -> tuple[Path | None, dict[str, Any] | None]:
+    """The run folder ``--resume`` names (a run folder, its ``checkpoints``, or one of its
+    checkpoints) and the settings it was started with (its ``config.json``; None when it
+    has none). A damaged ``config.json`` is a one-line error, never a guess."""
+    p = Path(resume)
+    if checkpoint.is_checkpoint(p):
+        folder = p.parent.parent
+    elif p.name == "checkpoints":
+        folder = p.parent
+    else:
+        folder = p
+    record = folder / "config.json"
+    if not record.exists():
+        return (folder if (folder / "checkpoints").is_dir() else None), None
+    config = load_json(record, "--resume: the run's")
+    if not isinstance(config, dict):
+        raise UsageError(f"--resume {resume}: {record} is not a table of settings")
+    return folder, config
+
+
+def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
+    """With ``--resume``: the run's own settings, then the flags given again (which must
+    agree on everything but how long and how loudly the run goes). The checkpoint is the
+    newest intact one of the run's own configuration (its ``config.json``); where it
+    writes, only the command line says."""
+    folder, config = run_config(explicit["resume"])
+    named = checkpoint.is_checkpoint(explicit["resume"])
+    choice = checkpoint.resolve(explicit["resume"], None if named else config)
+    path, saved = choice.path, choice.meta["spec"]
+    other = named and config is not None and config_key(config) != config_key(saved)
+    if other and Path(explicit.get("out", folder)).resolve() == Path(folder).resolve():
+        keys = ", ".join(differing(config, saved)[:4]) or "settings"
+        raise UsageError(
+            f"--resume {explicit['resume']}: this checkpoint's {keys} differ from those "
+            f"{folder} was started with; continue it in another folder with --out DIR"
+        )
+    if processes.under_mpi() and "devices" not in explicit:
+        explicit = {**explicit, "devices": processes.launched_size()}
+    diff = differing(saved, explicit)
+    if diff:
+        parts = ", ".join(f"{flag(k)} {explicit[k]!r} (the run has {saved[k]!r})" for k in diff)
+        raise UsageError(
+            f"--resume {explicit['resume']}: {parts}; drop these flags to continue the run as "
+            "it was started, or start a new run without --resume"
+        )
+    # Where a run writes comes from the command line only, never from a file.
+    base = {k: v for k, v in saved.items() if k not in OUTPUT_KEYS}
+    if "out" not in explicit:
+        explicit = {**explicit, "out": str(path.parent.parent)}
+    return {**base, **explicit}
+
+
+def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[str, Any]:
+    """Decide the device count before JAX starts its backend: the ranks under mpirun; the
+    main job's 8 simulated devices (or every accelerator) for a strategy that fills the host
+    (``Traits.fills_host``: hybrid) given neither;
+    the product of a ``--mesh`` given without ``--devices``; else ``--devices``."""
+    if processes.under_mpi():  # one device per rank; the ranks are the devices
+        processes.one_device_per_rank()
+        return {"devices": processes.launched_size(), **settings}
+    if "devices" not in settings and settings.get("mesh"):
+        degrees = [p.partition("=")[2].strip() for p in str(settings["mesh"]).split(",")]
+        if all(d.isdigit() for d in degrees):
+            settings = {**settings, "devices": math.prod(int(d) for d in degrees)}
+    name = settings.get("strategy", "single")
+    fills = name in STRATEGIES and STRATEGIES.get(name).traits.fills_host
+    if fills and "devices" not in settings:
+        processes.simulate_devices(8)  # takes effect on a CPU host only
+        import jax
+
+        n, backend = jax.device_count(), jax.default_backend()
+        if backend == "cpu":  # the main job: data=2,model=2,pipe=2 on 8 simulated devices
+            n = min(n, 8)
+            mesh, where = (
+                (MeshSpec.factor(n).text() if n >= 8 else None),
+                f"{n} simulated CPU devices",
+            )
+        else:
+            mesh, where = MeshSpec.factor(n).text(), f"{n} {backend} devices"
+        if mesh:
+            print(f"{prog}: {name} on {where}, mesh {mesh.replace(',', ' x ')}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return {**settings, "devices": n, "mesh": mesh}
+        return {**settings, "devices": n}
+    processes.simulate_devices(settings.get("devices"))
+    return settings
+
+
+def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
+    """A strategy's option given on the command line for another strategy is refused,
+    even at its default value (``--zero 3`` with ``single`` would be silently ignored)."""
+    name = settings.get("strategy", "single")
+    if name not in STRATEGIES.names():
+        return  # refused with the list of strategies when the run is built
+    owners = {n: STRATEGIES.get(n).traits for n in STRATEGIES.names()}
+    spec = RunSpec.from_dict(settings, "the flags")
+    check_options(spec, name, owners[name], owners, given)
