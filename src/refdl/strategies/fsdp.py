@@ -59,6 +59,7 @@ class FSDP(Strategy):
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
         self.p, self.zero, self.m = plan.mesh.data, spec.zero, plan.microbatches
+        self.stage = STAGES[spec.zero]  # what the stage shards and where it communicates
         self.mesh = plan.mesh.make(devices)
         abstract = task.abstract_state()
         self.shapes = jax.tree.map(lambda a: a.shape, abstract.params)
@@ -70,7 +71,8 @@ class FSDP(Strategy):
         shard, rep = P(AXIS), P()
         self.specs = TrainState(
             step=rep,
-            params=jax.tree.map(lambda _: shard if self.zero == 3 else rep, abstract.params),
+            params=jax.tree.map(lambda _: shard if self.stage.shards_params else rep,
+                                abstract.params),
             model_state=jax.tree.map(lambda _: rep, abstract.model_state),
             opt_state=optax.tree_map_params(
                 task.optimizer, lambda _: shard, jax.eval_shape(task.optimizer.init, flat),
@@ -116,14 +118,16 @@ class FSDP(Strategy):
             if abstract
             else (lambda a: flat_pad(np.asarray(a), self.p))
         )
-        params = jax.tree.map(to_flat, state.params) if self.zero == 3 else state.params
+        params = jax.tree.map(to_flat, state.params) if self.stage.shards_params else state.params
         opt = optax.tree_map_params(self.task.optimizer, to_flat, state.opt_state)
         return state.replace(params=params, opt_state=opt, extras={})
 
     def from_layout(self, state: TrainState) -> TrainState:
         """The inverse of ``to_layout`` (host arrays)."""
         shaped = lambda a, shape: np.asarray(unflat(a, shape))  # noqa: E731
-        params = jax.tree.map(shaped, state.params, self.shapes) if self.zero == 3 else state.params
+        params = state.params
+        if self.stage.shards_params:
+            params = jax.tree.map(shaped, params, self.shapes)
         opt = optax.tree_map_params(self.task.optimizer, shaped, state.opt_state, self.shapes)
         return state.replace(params=params, opt_state=opt)
 
@@ -141,42 +145,33 @@ class FSDP(Strategy):
 
     # -- one step, as one rank sees it ----------------------------------------------------------
 
-    def _forward(self, params: Any, sinks: Any, model_state: Any, x: jax.Array):
-        """The model, layer by layer: stage 3 gathers each layer's shards, stage 2 scatters
-        each layer's gradient into ``sinks``, stage 1 runs the plain model."""
-        if self.zero == 1:
-            return self.task.model.apply(params, model_state, x, train=True)
+    def layer_by_layer(self, run: Any, params: Any, sinks: Any, model_state: Any, x: jax.Array):
+        """The model a layer at a time, each layer with parameters run by ``run(apply, key,
+        params, sinks, state, x)`` (stage 2 scatters its gradient, stage 3 gathers it)."""
         new_state = {}
         for sub in self.layers:
             key = sub.keys[0]
             state = {key: model_state[key]} if key in model_state else {}
-            apply = functools.partial(_apply_one, sub, key)
             if not jax.tree.leaves(params[key]):
                 x, updated = sub.apply({}, state, x, train=True)
-            elif self.zero == 3:
-                fn = gathered(apply, self.shapes[key], AXIS, self.p)
-                x, updated = fn(params[key], state, x)
             else:
-                fn = scattered(apply, AXIS, self.p)
-                x, updated = fn(params[key], sinks[key], state, x)
+                apply = functools.partial(_apply_one, sub, key)
+                x, updated = run(apply, key, params, sinks, state, x)
             new_state.update(updated)
         return x, new_state
 
     def _local_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
-        loss_of = LOSSES.get(self.task.loss)
-        rank = jax.lax.axis_index(AXIS)
+        loss_of, stage = LOSSES.get(self.task.loss), self.stage
         size = lambda a: padded(a.size, self.p) // self.p  # noqa: E731
         # Stage 2's gradient sinks: zeros shaped like this rank's shards.
         sinks = jax.tree.map(lambda a: jnp.zeros((size(a),), a.dtype), state.params)
 
         def loss_fn(differentiated, model_state, mb):
-            params, sink = (
-                (differentiated, sinks) if self.zero != 2 else (state.params, differentiated)
-            )
-            out, new_state = self._forward(params, sink, model_state, mb["x"])
+            params, sink = stage.arguments(differentiated, state.params, sinks)
+            out, new_state = stage.forward(self, params, sink, model_state, mb["x"])
             return loss_of(out, mb["y"]), new_state
 
-        wrt = state.params if self.zero != 2 else sinks
+        wrt = stage.arguments_of(state.params, sinks)
         model_state, losses, grads = state.model_state, [], None
         with batch_axis(AXIS):
             for mb in _microbatches(batch, self.m):
@@ -185,21 +180,12 @@ class FSDP(Strategy):
                 )
                 losses.append(loss)
                 grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-        if self.zero == 1:  # one reduce-scatter of the accumulated full gradient
-            grads = scatter(grads, AXIS, self.p)
+        grads = stage.reduce(grads, self.p)
         grads = jax.tree.map(lambda g: g / (self.p * self.m), grads)  # the global mean
-        if self.zero == 3:
-            shards = state.params
-        else:  # this rank's shard of the replicated parameters
-            shards = jax.tree.map(
-                lambda a: jax.lax.dynamic_slice(flat_pad(a, self.p), (rank * size(a),),
-                                                (size(a),)),
-                state.params,
-            )  # fmt: skip
+        shards = stage.shards_of(state.params, jax.lax.axis_index(AXIS), self.p)
         updates, opt_state = self.task.optimizer.update(grads, state.opt_state, shards)
         shards = optax.apply_updates(shards, updates)
-        # Stages 1, 2: every rank's updated shard, all-gathered into the replicated parameters.
-        params = shards if self.zero == 3 else gather(shards, self.shapes, AXIS)
+        params = stage.params_of(shards, self.shapes)
         new = state.replace(step=state.step + 1, params=params, model_state=model_state,
                             opt_state=opt_state)  # fmt: skip
         loss = jax.lax.pmean(jnp.mean(jnp.stack(losses)), AXIS)
@@ -232,9 +218,8 @@ class FSDP(Strategy):
         (the module's docstring)."""
         if self.p == 1:
             return 0
-        psi, m = self.padded_param_bytes(), self.m
-        per_rank = {1: 2 * psi, 2: (m + 1) * psi, 3: m * (3 * psi - self.lookup_param_bytes())}
-        return (self.p - 1) * per_rank[self.zero]
+        per_rank = self.stage.comm(self.padded_param_bytes(), self.m, self.lookup_param_bytes())
+        return (self.p - 1) * per_rank
 
     def extra_metrics(self, state: TrainState) -> dict[str, Any]:
         """Bytes of the live parameter and optimizer-state arrays on the first device."""
@@ -260,8 +245,8 @@ class FSDP(Strategy):
         plus its scalars (Adam's step count)."""
         psi, p = self.padded_param_bytes(), self.p
         return {
-            "params": psi // p if self.zero == 3 else self.param_bytes,
-            "gradients": psi if self.zero == 1 else psi // p,
+            "params": psi // p if self.stage.shards_params else self.param_bytes,
+            "gradients": psi // p if self.stage.shards_grads else psi,
             "optimizer_state": self.words * psi // p + self.opt_scalar_bytes,
         }
 
@@ -302,3 +287,93 @@ def _temp_bytes(compiled: Any) -> int | None:
         return int(compiled.memory_analysis().temp_size_in_bytes)
     except Exception:  # not every backend reports it
         return None
+
+
+class Zero1:
+    """Stage 1, the optimizer state sharded: the plain model's full gradient, accumulated
+    over the microbatches, then one reduce-scatter; the updated shards all-gathered."""
+
+    shards_params, shards_grads = False, False
+
+    def forward(self, fsdp: FSDP, params: Any, sinks: Any, model_state: Any, x: jax.Array):
+        return fsdp.task.model.apply(params, model_state, x, train=True)
+
+    def arguments_of(self, params: Any, sinks: Any) -> Any:
+        """What the gradient is taken with respect to."""
+        return params
+
+    def arguments(self, differentiated: Any, params: Any, sinks: Any) -> tuple[Any, Any]:
+        """The forward's parameters and sinks, given the differentiated argument."""
+        return differentiated, sinks
+
+    def reduce(self, grads: Any, p: int) -> Any:
+        return scatter(grads, AXIS, p)
+
+    def shards_of(self, params: Any, rank: jax.Array, p: int) -> Any:
+        """This rank's shard of the replicated parameters."""
+        size = lambda a: padded(a.size, p) // p  # noqa: E731
+        return jax.tree.map(
+            lambda a: jax.lax.dynamic_slice(flat_pad(a, p), (rank * size(a),), (size(a),)),
+            params,
+        )
+
+    def params_of(self, shards: Any, shapes: Any) -> Any:
+        """Every rank's updated shard, all-gathered into the replicated parameters."""
+        return gather(shards, shapes, AXIS)
+
+    def comm(self, psi: int, m: int, lookup: int) -> int:
+        """Bytes a rank's collectives carry per step, in units the module's docstring uses."""
+        return 2 * psi
+
+
+class Zero2(Zero1):
+    """Stage 2, also the gradients: each layer's gradient reduce-scattered into a sink as
+    the backward produces it, every microbatch."""
+
+    shards_grads = True
+
+    def forward(self, fsdp: FSDP, params: Any, sinks: Any, model_state: Any, x: jax.Array):
+        def run(apply, key, params, sinks, state, x):
+            return scattered(apply, AXIS, fsdp.p)(params[key], sinks[key], state, x)
+
+        return fsdp.layer_by_layer(run, params, sinks, model_state, x)
+
+    def arguments_of(self, params: Any, sinks: Any) -> Any:
+        return sinks
+
+    def arguments(self, differentiated: Any, params: Any, sinks: Any) -> tuple[Any, Any]:
+        return params, differentiated
+
+    def reduce(self, grads: Any, p: int) -> Any:
+        return grads  # already this rank's shards
+
+    def comm(self, psi: int, m: int, lookup: int) -> int:
+        return (m + 1) * psi
+
+
+class Zero3(Zero1):
+    """Stage 3, also the parameters: only shards stored; each layer gathers its parameters
+    before its forward and again in its backward, and reduce-scatters its gradient."""
+
+    shards_params, shards_grads = True, True
+
+    def forward(self, fsdp: FSDP, params: Any, sinks: Any, model_state: Any, x: jax.Array):
+        def run(apply, key, params, sinks, state, x):
+            return gathered(apply, fsdp.shapes[key], AXIS, fsdp.p)(params[key], state, x)
+
+        return fsdp.layer_by_layer(run, params, sinks, model_state, x)
+
+    def reduce(self, grads: Any, p: int) -> Any:
+        return grads  # the shards' gradients
+
+    def shards_of(self, params: Any, rank: jax.Array, p: int) -> Any:
+        return params
+
+    def params_of(self, shards: Any, shapes: Any) -> Any:
+        return shards
+
+    def comm(self, psi: int, m: int, lookup: int) -> int:
+        return m * (3 * psi - lookup)  # embedding tables are not gathered for their backward
+
+
+STAGES = {1: Zero1(), 2: Zero2(), 3: Zero3()}
