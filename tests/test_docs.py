@@ -176,8 +176,10 @@ def argv_of(text: str, tree: Path, where: str) -> list[str]:
             argv += ["--steps", str(STEPS)]
         if "--out" not in argv and "--resume" not in argv:
             argv += ["--out", f"runs/doc-{re.sub(r'[^A-Za-z0-9]', '-', where)}"]
-    validates = "refdl.validate" in argv or (len(argv) > 2 and argv[2] == "validate")
-    if validates and ("--framework" in argv or "--strategy" in argv):  # a twin run: 10 steps
+    validates = "refdl.validate" in argv or (len(argv) > 3 and argv[3] == "validate")
+    by_outcome = "async" in argv  # an asynchronous server is compared by what it learns
+    if validates and ("--framework" in argv or "--strategy" in argv) and not by_outcome:
+        # a twin run: 10 steps
         if "--steps" in argv:
             i = argv.index("--steps") + 1
             argv[i] = str(min(int(argv[i]), 10))
