@@ -100,12 +100,7 @@ def test_validate_compares_it_exactly_with_plain_pytorch(registered, capsys):
 
 
 def test_predict_asks_its_traits(registered, capsys):
-    from refdl.predict import main
-
-    code = main(["--hw", "p100-nvlink", "--strategy", NAME, "--model", "resnet50",
-                 "--batch-size", "64", "--workers", "1,2,4", "--json"])  # fmt: skip
-    assert code == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(_predict_json(NAME, capsys))
     data = json.loads(_predict_json("data", capsys))
     assert [r["step_time_s"] for r in rows] == [r["step_time_s"] for r in data]
     assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] > rows[1]["speedup"] > 1.0

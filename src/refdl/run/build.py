@@ -25,7 +25,7 @@ from refdl.data import Dataset
 from refdl.data.order import global_batch_indices
 from refdl.errors import UsageError
 from refdl.parallel import processes
-from refdl.strategies import STRATEGIES, Strategy
+from refdl.strategies import STRATEGIES, Strategy, declared_traits
 
 
 @dataclasses.dataclass
@@ -57,7 +57,6 @@ def build(spec: RunSpec) -> Run:
     """Build the pieces of a run; raises UsageError for anything that does not fit."""
     spec = resolve(spec)
     cls = STRATEGIES.get(spec.strategy)
-    owners = {name: STRATEGIES.get(name).traits for name in STRATEGIES}
     ranks = processes.launched_size()
     check_launch(spec, spec.strategy, cls.traits, ranks)
     if ranks > 1:
@@ -68,7 +67,7 @@ def build(spec: RunSpec) -> Run:
     task = make_task(spec, dataset)
     checked = plan(
         spec, spec.strategy, cls.traits, model_shape(task, dataset, spec.model),
-        ranks=ranks, owners=owners,
+        ranks=ranks, owners=declared_traits(),
     )  # fmt: skip
     spec = dataclasses.replace(spec, microbatches=checked.microbatches)  # the checked value
     devices = _devices(spec, checked, ranks)

@@ -21,7 +21,7 @@ from refdl.config.spec import OUTPUT_KEYS, RunSpec, config_key, differing, flag
 from refdl.errors import UsageError
 from refdl.parallel import processes
 from refdl.run import checkpoint
-from refdl.strategies import STRATEGIES
+from refdl.strategies import STRATEGIES, declared_traits, traits_of
 
 
 def run_config(resume: str) -> tuple[Path | None, dict[str, Any] | None]:
@@ -89,7 +89,7 @@ def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[
         if all(d.isdigit() for d in degrees):
             settings = {**settings, "devices": math.prod(int(d) for d in degrees)}
     name = settings.get("strategy", "single")
-    fills = name in STRATEGIES and STRATEGIES.get(name).traits.fills_host
+    fills = traits_of(name).fills_host
     if fills and "devices" not in settings:
         processes.simulate_devices(8)  # takes effect on a CPU host only
         import jax
@@ -118,6 +118,6 @@ def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
     name = settings.get("strategy", "single")
     if name not in STRATEGIES.names():
         return  # refused with the list of strategies when the run is built
-    owners = {n: STRATEGIES.get(n).traits for n in STRATEGIES.names()}
+    owners = declared_traits()
     spec = RunSpec.from_dict(settings, "the flags")
     check_options(spec, name, owners[name], owners, given)

@@ -10,6 +10,6 @@ from refdl.strategies import (  # noqa: F401  (registers)
     ps,
     single,
 )
-from refdl.strategies.base import STRATEGIES, Strategy, register, traits_of
+from refdl.strategies.base import STRATEGIES, Strategy, declared_traits, register, traits_of
 
-__all__ = ["STRATEGIES", "Strategy", "register", "traits_of"]
+__all__ = ["STRATEGIES", "Strategy", "declared_traits", "register", "traits_of"]

@@ -162,6 +162,11 @@ def traits_of(name: str) -> Traits:
     return STRATEGIES.get(name).traits if name in STRATEGIES else Traits()
 
 
+def declared_traits() -> dict[str, Traits]:
+    """Every registered strategy's traits, by name (whose options another strategy may take)."""
+    return {name: STRATEGIES.get(name).traits for name in STRATEGIES}
+
+
 def last(history: History, key: str, default: Any = None) -> Any:
     """The last recorded value of ``key`` (a list's last element)."""
     v = history.get(key, default)

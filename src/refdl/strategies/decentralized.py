@@ -215,7 +215,6 @@ class Decentralized(Strategy):
         every executor: ``exchange(tree, pairs)`` returns, on each replica, the tree sent to
         it along ``pairs`` (zeros where none is), and ``exchange.index`` is this replica."""
         n, i = self.n, exchange.index()
-        scale = lambda c, tree: jax.tree.map(lambda x: c * x, tree)  # noqa: E731
         if matching is not None:
             partner = self.matchings[matching]
             pairs = [(j, p) for j, p in enumerate(partner) if p >= 0]
@@ -223,7 +222,7 @@ class Decentralized(Strategy):
             recv = exchange(params, pairs)
             return jax.tree.map(lambda x, r: (1 - half) * x + half * r, params, recv)
         w = jnp.asarray(self.w, jnp.float32)
-        out = scale(w[i, i], params)
+        out = jax.tree.map(lambda x: w[i, i] * x, params)
         for s in self.shifts:
             pairs = [(j, (j + s) % n) for j in range(n) if self.adj[(j + s) % n, j]]
             recv = exchange(params, pairs)

@@ -77,6 +77,7 @@ class Walk:
         self.gsum: list[Any] = [None] * len(programs)
         self.model_state = [s.model_state for s in state]
         self.losses: list[Any] = []
+        self.ops = {"F": self.forward, "B": self.backward, "W": self.weight}
 
     def receive(self, value: Any, k: int, origin: int) -> Any:
         """``value`` moved to virtual stage ``k``'s devices from ``origin``'s."""
@@ -138,4 +139,4 @@ class Walk:
 
     def run(self, kind: str, s: int, k: int, mb: int) -> Any:
         """The operation ``kind`` (F, B or W)."""
-        return {"F": self.forward, "B": self.backward, "W": self.weight}[kind](s, k, mb)
+        return self.ops[kind](s, k, mb)

@@ -36,7 +36,7 @@ from refdl.data import DATASETS
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.predict import predict_steps
-from refdl.strategies import STRATEGIES
+from refdl.strategies import traits_of
 from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
 from refdl.validate.export import start_of, start_spec
@@ -197,7 +197,7 @@ def _throughput(
     # A logged strategy refdl knows that only splits the batch over devices is predicted as
     # itself; any other (a framework's own word, a mesh, workers) as one device's steps.
     strategy = config.get("strategy", "single")
-    splits_batch = strategy in STRATEGIES and STRATEGIES.get(strategy).traits.axes == ("data",)
+    splits_batch = traits_of(strategy).axes == ("data",)
     opts = PredictOptions(microbatches=spec.microbatches or 1, schedule=spec.schedule)
     pred = predict_steps(
         hw_name,
