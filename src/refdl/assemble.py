@@ -46,6 +46,7 @@ def make_task(spec: RunSpec, dataset: Dataset) -> Task:
     LOSSES.get(spec.loss)
     model_def = MODELS.get(spec.model)
     model = model_def.make(dataset.info, dict(spec.model_opts))
+    model = dataclasses.replace(model, remat=spec.remat, precision=spec.precision)
     optimizer, base = make_optimizer_for(spec)
     sample = dataset.train_batch(np.arange(1))["x"]
     axes = model.logical_axes(jnp.asarray(sample))
@@ -69,11 +70,13 @@ def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:
                 tuple(logical) if logical else (None,) * leaf.ndim,
             )
         layers.append(Layer(key, table))
+    splits = name in MODELS and MODELS.get(name).splits_sequence
     return ModelShape(
         name=name,
         layers=tuple(layers),
         batch_stats=bool(jax.tree.leaves(state)),
         train_size=dataset.info.train_size,
+        sequence=int(np.shape(task.sample_x)[1]) if splits else 0,
     )
 
 

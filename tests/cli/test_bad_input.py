@@ -46,7 +46,7 @@ TRAIN = [
     ("mesh of the wrong size", ["--strategy", "hybrid", "--devices", "8", "--mesh", "data=3"],
      "multiplies to 3 devices but --devices is 8"),
     ("mesh axis unknown", ["--strategy", "hybrid", "--devices", "2", "--mesh", "tensor=2"],
-     "AXIS one of data, fsdp, model, pipe"),
+     "AXIS one of data, fsdp, context, model, pipe"),
     ("mlp hidden zero", ["--model", "mlp", "--model-opt", "hidden=0"],
      "--model-opt hidden='0': must be integers in [1,"),
     ("resnet width zero", ["--model", "resnet", "--model-opt", "width=0"],

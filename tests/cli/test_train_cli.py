@@ -186,7 +186,10 @@ def test_main_job_is_a_hybrid_and_resume_needs_no_flags(tmp_path):
     assert full.returncode == 0, full.stderr
     assert "hybrid on 8 simulated CPU devices, mesh data=2 x model=2 x pipe=2" in full.stderr
     a = summary_of(tmp_path / "a")
-    assert a["mesh"] == {"data": 2, "fsdp": 1, "model": 2, "pipe": 2} and a["devices"] == 8
+    assert (
+        a["mesh"] == {"data": 2, "fsdp": 1, "context": 1, "model": 2, "pipe": 2}
+        and a["devices"] == 8
+    )
     half = run_cli("--strategy", "hybrid", "--steps", "6", "--out", str(tmp_path / "b"), *quiet)
     assert half.returncode == 0, half.stderr
     res = run_cli("--resume", str(tmp_path / "b"), "--steps", "12", "--no-progress")
@@ -205,7 +208,13 @@ def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
     res = run_cli("--resume", str(tmp_path / "b"), "--steps", "10", "--no-progress")
     assert res.returncode == 0, res.stderr
     a, b = summary_of(tmp_path / "a"), summary_of(tmp_path / "b")
-    assert b["devices"] == 4 and b["mesh"] == {"data": 4, "fsdp": 1, "model": 1, "pipe": 1}
+    assert b["devices"] == 4 and b["mesh"] == {
+        "data": 4,
+        "fsdp": 1,
+        "context": 1,
+        "model": 1,
+        "pipe": 1,
+    }
     assert b["params_l2_norm"] == a["params_l2_norm"]
     # flags given again must agree; the message names each one that does not
     bad = run_cli("--resume", str(tmp_path / "b"), "--devices", "2", "--model", "lenet5")

@@ -20,6 +20,9 @@ PS_MODES = ("sync", "async", "ssp")
 ORDERS = ("atc", "cta")  # decentralized: adapt-then-combine, combine-then-adapt
 TOPOLOGIES = ("ring", "torus", "exp2", "complete")
 PRESETS = ("tensor", "owt")
+CONTEXT_ATTENTION = ("ring", "all-to-all")  # context parallelism (refdl.parallel.context)
+REMAT = ("none", "full", "selective")  # activation recomputation per layer
+PRECISIONS = ("fp32", "bf16")  # compute precision (master weights stay fp32)
 
 
 def chunks_of(schedule: str, chunks: int) -> int:

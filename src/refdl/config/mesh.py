@@ -1,4 +1,5 @@
-"""``MeshSpec``: the validated degrees of the device mesh (``data``, ``fsdp``, ``model``, ``pipe``).
+"""``MeshSpec``: the validated degrees of the device mesh (``data``, ``fsdp``, ``context``,
+``model``, ``pipe``).
 
 Like torchtitan's ParallelDims: checked once, without devices, with messages
 that say what to change. ``-1`` means "the rest of the devices".
@@ -12,7 +13,9 @@ that say what to change. ``-1`` means "the rest of the devices".
 - ``fsdp``: sharded data parallelism (MaxText's ``fsdp`` axis): the batch is split
   over ``data x fsdp`` and every parameter (and its optimizer state) is split over
   ``fsdp`` along a dimension that divides (``refdl.config.rules.param_spec``);
-  XLA gathers a parameter where it is used and reduce-scatters its gradient.
+  XLA gathers a parameter where it is used and reduce-scatters its gradient;
+- ``context``: the sequence is split into ``context`` pieces (context parallelism,
+  ``refdl.parallel.context``); the sequence length must divide by it.
 
 Those checks against the batch and the model live in ``refdl.config.plan``.
 """
@@ -28,37 +31,38 @@ from jax.sharding import AxisType
 
 from refdl.errors import UsageError
 
-AXES = ("data", "fsdp", "model", "pipe")  # the device mesh's axes, outermost first
+AXES = ("data", "fsdp", "context", "model", "pipe")  # outermost first
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """Degrees of the four mesh axes; their product is the device count."""
+    """Degrees of the mesh axes; their product is the device count."""
 
     data: int = 1
     model: int = 1
     pipe: int = 1
     fsdp: int = 1
+    context: int = 1
 
     @property
     def size(self) -> int:
-        return self.data * self.fsdp * self.model * self.pipe
+        return math.prod(self.shape)
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.data, self.fsdp, self.model, self.pipe)
+    def shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in AXES)
 
     def as_dict(self) -> dict[str, int]:
-        return {"data": self.data, "fsdp": self.fsdp, "model": self.model, "pipe": self.pipe}
+        return {a: getattr(self, a) for a in AXES}
 
     @classmethod
     def parse(cls, text: str | None, devices: int) -> MeshSpec:
         """``"data=2,model=4"`` on ``devices`` devices; unnamed axes are 1, ``-1`` the rest.
 
         >>> MeshSpec.parse("data=2,model=-1", 8)
-        MeshSpec(data=2, model=4, pipe=1, fsdp=1)
-        >>> MeshSpec.parse(None, 4)
-        MeshSpec(data=4, model=1, pipe=1, fsdp=1)
+        MeshSpec(data=2, model=4, pipe=1, fsdp=1, context=1)
+        >>> MeshSpec.parse(None, 4).as_dict()["data"]
+        4
         """
         if not isinstance(devices, int) or devices <= 0:
             raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
@@ -98,7 +102,7 @@ class MeshSpec:
         if spec.size != devices:
             raise UsageError(
                 f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
-                f"make data x fsdp x model x pipe = {devices} (or use -1 for one axis)"
+                f"make {' x '.join(AXES)} = {devices} (or use -1 for one axis)"
             )
         return spec
 
@@ -107,10 +111,10 @@ class MeshSpec:
         """A hybrid mesh for ``devices`` devices: ``model`` 2 when the count is even, then
         ``pipe`` 2 when at least 2 remain for ``data``, the rest on ``data``.
 
-        >>> MeshSpec.factor(8)
-        MeshSpec(data=2, model=2, pipe=2, fsdp=1)
-        >>> MeshSpec.factor(4), MeshSpec.factor(1)
-        (MeshSpec(data=2, model=2, pipe=1, fsdp=1), MeshSpec(data=1, model=1, pipe=1, fsdp=1))
+        >>> MeshSpec.factor(8).text()
+        'data=2,model=2,pipe=2'
+        >>> MeshSpec.factor(4).text(), MeshSpec.factor(1).text()
+        ('data=2,model=2,pipe=1', 'data=1,model=1,pipe=1')
         """
         model = 2 if devices % 2 == 0 else 1
         rest = devices // model
@@ -118,9 +122,10 @@ class MeshSpec:
         return cls(data=rest // pipe, model=model, pipe=pipe)
 
     def text(self) -> str:
-        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``; ``fsdp`` only
-        when it is used)."""
-        return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if k != "fsdp" or v > 1)
+        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``; ``fsdp`` and
+        ``context`` only when they are used)."""
+        always = ("data", "model", "pipe")
+        return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if k in always or v > 1)
 
     def make(self, devices: Sequence) -> object:
         """The ``jax.sharding.Mesh`` over ``devices`` with axes ``AXES``."""

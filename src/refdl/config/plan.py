@@ -34,7 +34,8 @@ DEFAULT_SIMULATED_WORKERS = 4
 STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
     "stage_boundaries", "plot_schedule", "ps_mode", "servers", "staleness", "simulate",
-    "workers", "ps_trace", "topology", "order", "gossip", "straggler",
+    "workers", "ps_trace", "topology", "order", "gossip", "straggler", "cp",
+    "sequence_parallel",
 )  # fmt: skip
 
 
@@ -112,6 +113,9 @@ class ModelShape:
     layers: tuple[Layer, ...]
     batch_stats: bool = False
     train_size: int = 1 << 62  # training examples of the data set
+    # tokens per example where positions mix only through attention (a context axis may
+    # split them); 0 for models without such a sequence (images, recurrences)
+    sequence: int = 0
 
     @property
     def leaves(self) -> int:
@@ -181,6 +185,7 @@ def plan(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
     check_layers(mesh, model, rules, spec.mesh)
+    check_sequence(spec, mesh, model)
     chunks, cuts = spec.chunks, ()
     if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
@@ -286,6 +291,32 @@ def check_layers(
                         f"{tuple(shape)}) is not even; use a degree dividing {shape[dim]} or "
                         "change the width with --model-opt"
                     )
+
+
+def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
+    """A ``context`` axis and ``--sequence-parallel`` split the sequence: the model must have
+    one that only attention mixes, of a length the degree divides (and, for Ulysses'
+    all-to-all, heads the degree divides)."""
+    for degree_, what in ((mesh.context, "a context axis"), (mesh.model, "--sequence-parallel")):
+        if degree_ == 1 or (what == "--sequence-parallel" and not spec.sequence_parallel):
+            continue
+        if not model.sequence:
+            raise UsageError(
+                f"{what} splits a sequence that only attention mixes, and {model.name} has "
+                "none; use --model transformer (or moe)"
+            )
+        if model.sequence % degree_:
+            raise UsageError(
+                f"{what} of degree {degree_} does not divide the sequence of "
+                f"{model.sequence} tokens; use a degree dividing {model.sequence} or "
+                "--data-opt seq_len=N with N a multiple of it"
+            )
+    if spec.sequence_parallel and mesh.model == 1:
+        raise UsageError(
+            "--sequence-parallel splits the sequence over the model axis: give model > 1"
+        )
+    if mesh.context > 1 and spec.cp == "all-to-all":
+        check_layers(mesh, model, {"heads": "context"}, spec.mesh)
 
 
 def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:

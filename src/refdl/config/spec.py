@@ -19,13 +19,16 @@ from typing import Any
 
 from refdl.config.choices import (
     ALLREDUCE,
+    CONTEXT_ATTENTION,
     INIT_SCHEMES,
     LR_SCHEDULES,
     OPTIMIZERS,
     ORDERS,
     PIPELINE_SCHEDULES,
+    PRECISIONS,
     PRESETS,
     PS_MODES,
+    REMAT,
 )
 from refdl.config.mesh import MeshSpec
 from refdl.config.values import Choice, Flag, Float, Int, Ints, Optional, Pairs, Text
@@ -122,6 +125,15 @@ class RunSpec:
         "Dense/Conv draws, for comparing with their runs",
     )
     seed: int = OPTIMIZATION(0, Int(min=0, max=2**32 - 1), "seed of initialisation and data order")
+    remat: str = OPTIMIZATION(
+        "none",
+        Choice(REMAT),
+        "activation recomputation per layer: full keeps only each layer's input, selective "
+        "also its matrix products' outputs",
+    )
+    precision: str = OPTIMIZATION(
+        "fp32", Choice(PRECISIONS), "compute precision (bf16: fp32 master weights, loss, updates)"
+    )
     devices: int = DEVICES(
         1,
         Int(min=1, max=1 << 16),
@@ -158,6 +170,18 @@ class RunSpec:
         Optional(Choice(PRESETS)),
         "hybrid: rules preset, owt = convolutions data-parallel, fully "
         "connected layers model-parallel (default: tensor rules)",
+    )
+    cp: str = DEVICES(
+        "ring",
+        Choice(CONTEXT_ATTENTION),
+        "context: attention over the sequence pieces, ring (K/V around the ring) or "
+        "all-to-all (Ulysses: heads for sequence)",
+    )
+    sequence_parallel: bool = DEVICES(
+        False,
+        Flag(),
+        "model/hybrid: keep norms and residuals split along the sequence over model "
+        "(Megatron sequence parallelism; transformer)",
     )
     stages: int | None = DEVICES(
         None,

@@ -246,6 +246,54 @@ class Embed(nn.Module):
         return jnp.take(table, x, axis=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class SequenceShard:
+    """How a device's piece of the sequence sits in the whole, while tracing inside
+    ``shard_map`` with the sequence split (context parallelism, ``refdl.parallel.context``):
+    ``positions(t)`` gives the global positions of the ``t`` local tokens and
+    ``attention(q, k, v)`` is causal attention of the local queries over the whole sequence."""
+
+    positions: Callable[[int], Array]
+    attention: Callable[[Array, Array, Array], Array]
+
+
+_SEQUENCE: contextvars.ContextVar[SequenceShard | None] = contextvars.ContextVar(
+    "sequence", default=None
+)
+# A function applied to the residual stream ``[B, T, D]`` where Megatron's sequence
+# parallelism keeps it split along the sequence (``refdl.strategies.hybrid``).
+_RESIDUAL: contextvars.ContextVar[Callable[[Array], Array] | None] = contextvars.ContextVar(
+    "residual", default=None
+)
+
+
+@contextlib.contextmanager
+def sequence_shard(shard: SequenceShard | None) -> Iterator[None]:
+    """While tracing, the model's positions and attention see the sequence as ``shard``."""
+    token = _SEQUENCE.set(shard)
+    try:
+        yield
+    finally:
+        _SEQUENCE.reset(token)
+
+
+@contextlib.contextmanager
+def residual_layout(constrain: Callable[[Array], Array] | None) -> Iterator[None]:
+    """While tracing, pass the residual stream through ``constrain`` (a sharding constraint)
+    at each block's input and after each residual add."""
+    token = _RESIDUAL.set(constrain)
+    try:
+        yield
+    finally:
+        _RESIDUAL.reset(token)
+
+
+def residual(x: Array) -> Array:
+    """The residual stream under the layout set by ``residual_layout`` (else unchanged)."""
+    constrain = _RESIDUAL.get()
+    return x if constrain is None else constrain(x)
+
+
 class PositionalEmbed(nn.Module):
     """Learned absolute position embedding added to ``[B, T, D]`` inputs."""
 
@@ -260,6 +308,9 @@ class PositionalEmbed(nn.Module):
             (self.max_len, x.shape[-1]),
             (None, "embed"),
         )
+        shard = _SEQUENCE.get()
+        if shard is not None:
+            return x + jnp.take(pos, shard.positions(x.shape[1]), axis=0)[None]
         return x + pos[None, : x.shape[1], :]
 
 
@@ -299,8 +350,12 @@ def causal_attention(q: Array, k: Array, v: Array) -> Array:
     """``softmax(q k^T / sqrt(h) + causal mask) v`` on ``[batch, time, heads, head_dim]``.
 
     XLA's formulation everywhere, except cuDNN's fused kernel on a GPU in bf16/fp16,
-    which never holds the ``T x T`` scores in memory (the same mathematics).
+    which never holds the ``T x T`` scores in memory (the same mathematics). Under
+    ``sequence_shard`` the shard's attention, which sees the other devices' keys and values.
     """
+    shard = _SEQUENCE.get()
+    if shard is not None:
+        return shard.attention(q, k, v)
     if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
         with contextlib.suppress(Exception):  # a shape or version cuDNN does not take
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
@@ -321,6 +376,7 @@ class TransformerBlock(nn.Module):
     def __call__(self, x: Array, train: bool = False) -> Array:
         d = x.shape[-1]
         hd = d // self.num_heads
+        x = residual(x)
         y = LayerNorm()(x)
         qkv_init = nn.initializers.lecun_normal()
         wq = _param(self, "wq", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
@@ -331,11 +387,42 @@ class TransformerBlock(nn.Module):
         k = jnp.einsum("btd,dnh->btnh", y, wk)
         v = jnp.einsum("btd,dnh->btnh", y, wv)
         ctx = causal_attention(q, k, v)
-        x = x + jnp.einsum("btnh,nhd->btd", ctx, wo)
+        x = residual(x + jnp.einsum("btnh,nhd->btd", ctx, wo))
         y = LayerNorm()(x)
         y = Dense(self.mlp_dim, "embed", "mlp", act="gelu")(y)
         y = Dense(d, "mlp", "embed")(y)
-        return x + y
+        return residual(x + y)
+
+
+_SELECTIVE = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+def recomputed(fn: Callable, policy: Callable | None = None) -> Callable:
+    """``fn`` whose forward activations are recomputed in the backward pass, keeping only
+    its inputs (and, under ``policy``, the values it names saveable).
+
+    ``jax.checkpoint`` alone does not do it on every backend: XLA:CPU drops the barrier
+    that keeps the recomputation apart and then merges it with the forward pass, keeping
+    every activation (jax 0.10.2). Here the backward adds ``0 x`` one element of the
+    output's cotangent to the saved values first: exact for finite values, and a data
+    dependence XLA can neither merge nor move before the cotangent exists.
+    """
+
+    @jax.custom_vjp
+    def run(*args: Any) -> Any:
+        return fn(*args)
+
+    def forward(*args: Any) -> tuple[Any, Any]:
+        return jax.vjp(jax.checkpoint(fn, policy=policy, prevent_cse=False), *args)
+
+    def backward(saved: Any, cotangent: Any) -> Any:
+        first = jax.tree.leaves(cotangent)[0]
+        zero = 0 * first.reshape(-1)[0]
+        tie = lambda a: a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a  # noqa: E731
+        return jax.tree.map(tie, saved)(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
 
 
 def _layer_key(index: int, layer: nn.Module) -> str:
@@ -350,10 +437,20 @@ class Sequential:
     running averages) is ``{layer_key: {collection: ...}}`` for the layers that
     have any. ``stage(i, j)`` is the contiguous sub-model of layers ``i..j-1``
     with the same keys, so a pipeline stage applies to a subset of the params.
+
+    How it computes, for every strategy alike (each runs ``apply`` or a stage's):
+    ``remat`` recomputes each layer's activations in the backward pass (``full``: keeps
+    only the layer's input; ``selective``: also the outputs of its matrix products without
+    batch dimensions, so the attention scores and the elementwise work are recomputed -
+    MaxText's ``minimal`` policy, Megatron's selective recomputation); ``precision``
+    ``bf16`` runs each layer on bf16 copies of its parameters and of its floating input
+    (master weights, their gradients and the loss stay fp32).
     """
 
     layers: tuple[nn.Module, ...]
     keys: tuple[str, ...] = ()
+    remat: str = "none"
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -437,21 +534,35 @@ class Sequential:
         new_state = {}
         for key, layer in zip(self.keys, self.layers, strict=True):
             s = state.get(key, {})
-            variables = {"params": params.get(key, {}), **s}
-            if train and s:
-                x, updates = layer.apply(variables, x, train=True, mutable=list(s))
-                new_state[key] = dict(updates)
-            else:
-                x = layer.apply(variables, x, train=train)
-                if s:
-                    new_state[key] = s
+            x, updates = self._layer_fn(layer, train, bool(s))(params.get(key, {}), s, x)
+            if s:
+                new_state[key] = updates
         return x, new_state
+
+    def _layer_fn(self, layer: nn.Module, train: bool, stateful: bool) -> Callable:
+        """``(params, state, x) -> (y, new_state)`` of one layer, in this model's precision,
+        recomputed in the backward pass as ``remat`` says."""
+        low = jnp.bfloat16 if self.precision == "bf16" else None
+
+        def run(p: PyTree, s: PyTree, x: Array) -> tuple[Array, PyTree]:
+            if low is not None:
+                p = jax.tree.map(lambda a: a.astype(low), p)
+                x = x.astype(low) if jnp.issubdtype(x.dtype, jnp.floating) else x
+            variables = {"params": p, **s}
+            if train and stateful:
+                y, updates = layer.apply(variables, x, train=True, mutable=list(s))
+                return y, dict(updates)
+            return layer.apply(variables, x, train=train), s
+
+        if self.remat == "none" or not train:
+            return run
+        return recomputed(run, None if self.remat == "full" else _SELECTIVE)
 
     def stage(self, start: int, stop: int) -> Sequential:
         """The contiguous sub-model of layers ``start..stop-1`` (same parameter keys)."""
         if not 0 <= start < stop <= len(self.layers):
             raise ValueError(f"stage({start}, {stop}) outside 0..{len(self.layers)}")
-        return Sequential(self.layers[start:stop], self.keys[start:stop])
+        return dataclasses.replace(self, layers=self.layers[start:stop], keys=self.keys[start:stop])
 
     def split(self, boundaries: Sequence[int]) -> list[Sequential]:
         """Split at the given layer indices: ``split([2, 5])`` -> layers 0-1, 2-4, 5-end."""

@@ -23,7 +23,9 @@ class ModelDef:
     ``"tokens"``; ``defaults`` are the recipe settings it trains well with
     (optimizer, lr, data set), used where the user did not set them;
     ``cpu_compiler_options`` are XLA:CPU options its programs compile with, where one
-    measured faster for this model and slower for others (docs/speed.md).
+    measured faster for this model and slower for others (docs/speed.md);
+    ``splits_sequence``: its positions mix only through attention, so a ``context`` axis
+    (``refdl.parallel.context``) or sequence parallelism may split its sequence.
     """
 
     name: str
@@ -33,6 +35,7 @@ class ModelDef:
     defaults: dict[str, Any]
     doc: str = ""
     cpu_compiler_options: tuple[tuple[str, str], ...] = ()
+    splits_sequence: bool = False
 
     def defaults_of_options(self) -> dict[str, Any]:
         """Each option's default value."""

@@ -47,5 +47,6 @@ TRANSFORMER = register(
         # YNNPACK's reduction fusions cost this model 20-27 % of its CPU step (softmax,
         # LayerNorm and GELU between products); they help ResNet's, so only here (docs/speed.md).
         cpu_compiler_options=(("xla_cpu_experimental_ynn_fusion_type", _YNN_WITHOUT_REDUCE),),
+        splits_sequence=True,
     )
 )

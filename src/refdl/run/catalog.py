@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from refdl.config.mesh import AXES
 from refdl.data import DATASETS
 from refdl.models import MODELS
 from refdl.strategies import STRATEGIES
 
 
 def print_list() -> None:
-    """Each strategy, model (its recipe and options) and data set, a line each."""
-    print("strategies: " + ", ".join(STRATEGIES.names()))
+    """Each strategy (its mesh axes and options), model (its recipe and options) and data
+    set, a line each."""
+    print("strategies (mesh axes; options):")
+    for name in STRATEGIES.names():
+        t = STRATEGIES.get(name).traits
+        axes = ",".join(t.axes) or ("workers" if t.workers else "one device")
+        opts = " ".join(sorted("--" + o.replace("_", "-") for o in t.options)) or "-"
+        print(f"  {name:13s} {axes}; {opts}")
+    print(f"mesh axes: {', '.join(AXES)} (--mesh AXIS=N,... over a strategy's axes)")
     print("models:")
     for name in MODELS.names():
         m = MODELS.get(name)

@@ -31,6 +31,7 @@ from refdl.core.state import TrainState
 from refdl.errors import UsageError
 from refdl.run.build import Run
 from refdl.run.events import EventFile
+from refdl.strategies.base import peak_bytes
 
 SUMMARY_KEYS = (
     "strategy",
@@ -296,6 +297,9 @@ def summary(
         "param_count": param_count(host.params),
         "peak_memory_bytes": peak,
         "peak_memory_source": source,
+        "peak_memory_bytes_per_device": peak_bytes(run.strategy.compiled_steps()),
+        "remat": spec.remat,
+        "precision": spec.precision,
         "status": status,
         "resumed_from_step": start if spec.resume else None,
         "optimizer": spec.optimizer,

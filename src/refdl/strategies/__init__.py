@@ -1,6 +1,7 @@
 """Strategies, one module each, registered by name in ``STRATEGIES``."""
 
 from refdl.strategies import (  # noqa: F401  (registers)
+    context,
     data,
     decentralized,
     fsdp,

@@ -122,6 +122,12 @@ class Strategy:
         """Strategy-specific keys for ``summary.json`` (e.g. ``comm_bytes_per_step``)."""
         return {}
 
+    def compiled_steps(self) -> list[Any]:
+        """The compiled program(s) one step runs, for XLA's memory analysis
+        (``peak_memory_bytes_per_device``); none where a step is many small programs
+        (pipeline stages, parameter servers, decentralized workers)."""
+        return []
+
     # -- shared helpers -----------------------------------------------------------------------
 
     def jit(self, fn: Callable, **kwargs: Any) -> Any:
@@ -165,6 +171,21 @@ def traits_of(name: str) -> Traits:
 def declared_traits() -> dict[str, Traits]:
     """Every registered strategy's traits, by name (whose options another strategy may take)."""
     return {name: STRATEGIES.get(name).traits for name in STRATEGIES}
+
+
+def peak_bytes(compiled: list[Any]) -> int | None:
+    """The most memory one device holds while one of ``compiled`` runs, from XLA's memory
+    analysis: arguments + outputs - the outputs written over donated arguments +
+    temporaries (``None`` where the backend does not report it)."""
+    peaks = []
+    for program in compiled:
+        try:
+            m = program.memory_analysis()
+            size = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            peaks.append(int(size + m.temp_size_in_bytes))
+        except Exception:  # a backend without the analysis
+            continue
+    return max(peaks) if peaks else None
 
 
 def last(history: History, key: str, default: Any = None) -> Any:

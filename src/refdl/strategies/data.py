@@ -119,6 +119,9 @@ class DataParallel(Strategy):
             return self.codec.analytic_bytes(self.n_params, self.p)
         return analytic_bytes(self.spec.allreduce, 4 * self.n_params, self.p)
 
+    def compiled_steps(self) -> list[Any]:
+        return [self._step]
+
     def summary(self, history: History) -> dict[str, Any]:
         out = {
             "mesh": self.plan.mesh.as_dict(),

@@ -250,6 +250,9 @@ class FSDP(Strategy):
             "optimizer_state": self.words * psi // p + self.opt_scalar_bytes,
         }
 
+    def compiled_steps(self) -> list[Any]:
+        return [self._step]
+
     def summary(self, history: History) -> dict[str, Any]:
         measured = {
             "params": last(history, "param_bytes_per_device"),

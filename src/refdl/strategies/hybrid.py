@@ -28,7 +28,9 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Plan, Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
+from refdl.core.layers import residual_layout
 from refdl.core.state import TrainState
+from refdl.parallel.context import sequence_split
 from refdl.strategies.base import Batch, History, Strategy, register
 from refdl.strategies.pipeline import Pipeline
 
@@ -40,7 +42,15 @@ class Hybrid(Strategy):
     traits = Traits(
         axes=("data", "fsdp", "model", "pipe"),
         options=frozenset(
-            {"mesh", "preset", "schedule", "chunks", "stage_boundaries", "plot_schedule"}
+            {
+                "mesh",
+                "preset",
+                "schedule",
+                "chunks",
+                "stage_boundaries",
+                "plot_schedule",
+                "sequence_parallel",
+            }
         ),
         multiprocess="spmd",
         fills_host=True,
@@ -67,7 +77,8 @@ class Hybrid(Strategy):
         )
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
                  for k, v in self.abstract_batch().items()}  # fmt: skip
-        with conv.xla_only(plan.mesh.model > 1):  # convolutions split by channels
+        layout = sequence_split(self.mesh, plan.batch_axes) if spec.sequence_parallel else None
+        with conv.xla_only(plan.mesh.model > 1), residual_layout(layout):
             self._step = step.lower(abstract, batch).compile()
         self.comm = collective_bytes(self._step.as_text(), len(devices))
 
@@ -107,10 +118,14 @@ class Hybrid(Strategy):
             jax.block_until_ready(state)
         return state, {**metrics, "comm_bytes": self.comm.get("total", 0)}
 
+    def compiled_steps(self) -> list[Any]:
+        return [self._step]
+
     def summary(self, history: History) -> dict[str, Any]:
         return {
             "mesh": self.plan.mesh.as_dict(),
             "preset": self.spec.preset or "tensor",
+            "sequence_parallel": self.spec.sequence_parallel,
             "microbatches": self.plan.microbatches,
             "comm_bytes_per_step": self.comm.get("total"),
             "comm_bytes_by_collective": {k: v for k, v in self.comm.items() if k != "total"},

@@ -19,4 +19,6 @@ from refdl.strategies.hybrid import Hybrid
 class ModelParallel(Hybrid):
     """All devices on the ``model`` axis (``--mesh`` defaults to ``model=<devices>``)."""
 
-    traits = Traits(axes=("model",), options=frozenset({"mesh"}), multiprocess="spmd")
+    traits = Traits(
+        axes=("model",), options=frozenset({"mesh", "sequence_parallel"}), multiprocess="spmd"
+    )

@@ -42,8 +42,10 @@ from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
+from refdl.core.layers import residual_layout
 from refdl.core.losses import LOSSES
 from refdl.core.state import TrainState
+from refdl.parallel.context import sequence_split
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
@@ -135,17 +137,22 @@ class Pipeline(Strategy):
         loss_fn = LOSSES.get(self.task.loss)
         scale = 1.0 / self.m
 
-        def make(chunk, last):
+        def make(chunk, last, layout):
             """Chunk ``chunk``'s programs: forward; backward (both gradients); and the split
             backward's input-gradient and weight-gradient halves. On the last virtual stage
-            the output gradient is the scaled loss's, so ``g`` is the labels there."""
+            the output gradient is the scaled loss's, so ``g`` is the labels there.
+            ``layout``: the residual stream's (sequence parallelism), or None."""
+
+            def apply(p_, state, x_):
+                with residual_layout(layout):  # traced at the first call
+                    return chunk.apply(p_, state, x_, train=True)
 
             def out(p_, state, x_, g):
-                y = chunk.apply(p_, state, x_, train=True)[0]
+                y = apply(p_, state, x_)[0]
                 return loss_fn(y, g) * scale if last else y
 
             def fwd(params, state, x, *y):
-                o, new_state = chunk.apply(params, state, x, train=True)
+                o, new_state = apply(params, state, x)
                 return (loss_fn(o, y[0]) if last else o), new_state
 
             def pull(f, primal, g):  # the vector-Jacobian product of f at primal, with g
@@ -163,7 +170,13 @@ class Pipeline(Strategy):
 
             return Programs(*(self.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
 
-        self._fns = [make(c, k == self.k_last) for k, c in enumerate(self.chunks)]
+        split = self.spec.sequence_parallel
+        self._fns = [
+            make(c, k == self.k_last,
+                 sequence_split(self.submeshes[self.device[k]], self.plan.batch_axes) if split
+                 else None)
+            for k, c in enumerate(self.chunks)
+        ]  # fmt: skip
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         # Each stage's update returns its state with the shardings it was placed with, so a
         # state restored from a checkpoint runs the very programs an uninterrupted run does.

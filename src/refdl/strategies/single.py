@@ -24,11 +24,12 @@ class Single(Strategy):
         self.device = devices[0]
         # The batch goes in as NumPy: jit's own transfer to the sharding costs a fraction of
         # a separate ``device_put`` (~150 us a step on a 2-core host, docs/speed.md).
+        # Compiled here from shapes, so its memory analysis is known before the first step.
         on = jax.sharding.SingleDeviceSharding(self.device)
         self._step = self.jit(
             functools.partial(task.step, microbatches=plan.microbatches),
             donate_argnums=0, in_shardings=on, out_shardings=on,
-        )  # fmt: skip
+        ).lower(task.abstract_state(), self.abstract_batch()).compile()  # fmt: skip
 
     def place_state(self, host_state: TrainState) -> TrainState:
         return jax.device_put(host_state, self.device)
@@ -39,7 +40,10 @@ class Single(Strategy):
     def compiled(self, state: TrainState, batch: Batch) -> Any:
         """The executable ``train_step`` runs (the profiler names its operations by the
         HLO instruction names of this program)."""
-        return self._step.lower(state, batch).compile()
+        return self._step
+
+    def compiled_steps(self) -> list[Any]:
+        return [self._step]
 
     def summary(self, history: History) -> dict[str, Any]:
         return {"mesh": MeshSpec().as_dict(), "comm_bytes_per_step": 0}
