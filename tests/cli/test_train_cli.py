@@ -226,6 +226,7 @@ def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
     assert same.returncode == 0, same.stderr
 
 
+@pytest.mark.slow  # 9 s; the default suite keeps under 15 min on 2 cores
 def test_tensorboard_events_hold_the_logged_scalars_also_after_a_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

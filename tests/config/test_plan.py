@@ -62,7 +62,7 @@ def test_plans_of_every_kind():
     [
         ("single", {"devices": 2}, "--strategy single runs on one device, not 2"),
         ("data", {"devices": 4, "mesh": "data=2,model=2"},
-         "--strategy data uses only the data axis; use --strategy hybrid"),
+         "--strategy data splits over data, not model"),
         ("data", {"devices": 4, "batch_size": 30},
          "--batch-size 30 does not split into 4 shards x 1 microbatches; use a multiple of 4"),
         ("data", {"devices": 2, "microbatches": 4, "batch_size": 12},

@@ -99,6 +99,7 @@ def _ynn_reductions(hlo: str) -> int:
     return len(re.findall(r'%ynn_fusion\S* = [^\n]*op_name="[^"]*reduce_(?:sum|max)', hlo))
 
 
+@pytest.mark.slow  # 9 s; a speed option (docs/speed.md): the default suite keeps under 15 min
 def test_transformer_compiles_without_ynn_reductions_on_cpu_and_trains_the_same():
     """The transformer's CPU option (docs/speed.md) reaches the strategy's compiled step,
     changes which kernels run, and leaves the trained parameters equal to fp32 reassociation."""

@@ -92,7 +92,7 @@ def uncompressed(tmp_path_factory):
     "codec",
     [
         "topk:0.1",
-        "sign",
+        pytest.param("sign", marks=pytest.mark.slow),  # the default suite's time (15 min)
         pytest.param("qsgd:16", marks=pytest.mark.slow),
         pytest.param("terngrad", marks=pytest.mark.slow),
     ],
@@ -168,7 +168,7 @@ def test_compressed_bytes_equal_analytic(tmp_path, codec):
         ({"strategy": "fsdp", "devices": 2, "zero": 0}, "--zero must be an integer in [1, 3]"),
         (
             {"strategy": "fsdp", "devices": 4, "mesh": "data=2,model=2"},
-            "--strategy fsdp uses only the data axis; use --strategy hybrid",
+            "--strategy fsdp splits over data, not model; use --strategy hybrid or model",
         ),
         (
             {"strategy": "hybrid", "devices": 4, "mesh": "fsdp=4", "preset": "owt"},

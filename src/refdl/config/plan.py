@@ -167,7 +167,7 @@ def plan(
         )
     if traits.workers:
         return _worker_plan(spec, strategy, traits, model, ranks)
-    mesh = mesh_of(spec, strategy, traits)
+    mesh = mesh_of(spec, strategy, traits, owners or {strategy: traits})
     preset = spec.preset or "tensor"
     rules, batch_axes = PRESET_RULES[preset]
     if mesh.pipe > 1 and spec.preset:
@@ -235,9 +235,12 @@ def check_launch(spec: RunSpec, strategy: str, traits: Traits, ranks: int) -> No
         )
 
 
-def mesh_of(spec: RunSpec, strategy: str, traits: Traits) -> MeshSpec:
+def mesh_of(
+    spec: RunSpec, strategy: str, traits: Traits, owners: Mapping[str, Traits] | None = None
+) -> MeshSpec:
     """The mesh degrees: ``--mesh`` (all devices on the strategy's first axis by default);
-    axes the strategy does not use must be 1."""
+    axes the strategy does not use must be 1 (the message names the strategies that use
+    them, among ``owners``)."""
     n = spec.devices
     if not traits.axes:
         if n != 1:
@@ -254,9 +257,11 @@ def mesh_of(spec: RunSpec, strategy: str, traits: Traits) -> MeshSpec:
     mesh = MeshSpec.parse(spec.mesh or f"{traits.axes[0]}={n}", n)
     unused = [a for a in AXES if a not in traits.axes and mesh.as_dict()[a] != 1]
     if unused:
-        only = " and ".join(traits.axes)
+        only = ", ".join(traits.axes)
+        takers = sorted(n for n, t in (owners or {}).items() if set(unused) <= set(t.axes))
+        where = f"use --strategy {' or '.join(takers)}" if takers else "no strategy here takes it"
         raise UsageError(
-            f"--strategy {strategy} uses only the {only} axis; use --strategy hybrid for "
+            f"--strategy {strategy} splits over {only}, not {', '.join(unused)}; {where} for "
             f"--mesh {spec.mesh}"
         )
     return mesh
@@ -303,7 +308,7 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
         if not model.sequence:
             raise UsageError(
                 f"{what} splits a sequence that only attention mixes, and {model.name} has "
-                "none; use --model transformer (or moe)"
+                "none; use --model transformer"
             )
         if model.sequence % degree_:
             raise UsageError(

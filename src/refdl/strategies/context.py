@@ -36,9 +36,7 @@ AXIS = "context"
 class ContextParallel(Strategy):
     """Replicated state, each sequence split on ``context``; attention by ring or all-to-all."""
 
-    traits = Traits(
-        axes=(AXIS,), options=frozenset({"mesh", "cp"}), multiprocess="spmd", batch_stats=False
-    )
+    traits = Traits(axes=(AXIS,), options=frozenset({"mesh", "cp"}), multiprocess="spmd")
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
