@@ -57,7 +57,7 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     prof = hw.load(profile)
     run_ = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))
     state = run_.strategy.init_state(0)
-    text = run_.strategy.compiled(state, run_.batch(0)).as_text()
+    text = run_.strategy.compiled_steps()[0].as_text()
     ops = parse_hlo(text)
     library = library_ops(text)
     state, _ = step_times(run_, state, 0, WARMUP)

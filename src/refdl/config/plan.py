@@ -302,9 +302,14 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
     """A ``context`` axis and ``--sequence-parallel`` split the sequence: the model must have
     one that only attention mixes, of a length the degree divides (and, for Ulysses'
     all-to-all, heads the degree divides)."""
-    for degree_, what in ((mesh.context, "a context axis"), (mesh.model, "--sequence-parallel")):
-        if degree_ == 1 or (what == "--sequence-parallel" and not spec.sequence_parallel):
-            continue
+    splits = [(mesh.context, "a context axis")] if mesh.context > 1 else []
+    if spec.sequence_parallel:
+        if mesh.model == 1:
+            raise UsageError(
+                "--sequence-parallel splits the sequence over the model axis: give model > 1"
+            )
+        splits.append((mesh.model, "--sequence-parallel"))
+    for degree_, what in splits:
         if not model.sequence:
             raise UsageError(
                 f"{what} splits a sequence that only attention mixes, and {model.name} has "
@@ -316,10 +321,6 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
                 f"{model.sequence} tokens; use a degree dividing {model.sequence} or "
                 "--data-opt seq_len=N with N a multiple of it"
             )
-    if spec.sequence_parallel and mesh.model == 1:
-        raise UsageError(
-            "--sequence-parallel splits the sequence over the model axis: give model > 1"
-        )
     if mesh.context > 1 and spec.cp == "all-to-all":
         check_layers(mesh, model, {"heads": "context"}, spec.mesh)
 

@@ -115,7 +115,7 @@ def all_to_all_attention(q: Array, k: Array, v: Array, axis: str, order: np.ndar
     return jax.lax.all_to_all(o.astype(q.dtype), axis, 1, 2, tiled=True)
 
 
-def sequence_shard(mode: str, axis: str, order: np.ndarray) -> SequenceShard:
+def context_shard(mode: str, axis: str, order: np.ndarray) -> SequenceShard:
     """The model's view of a sequence split over ``axis`` in ``order`` (``zigzag_order``)."""
     attend = ring_attention if mode == "ring" else all_to_all_attention
     return SequenceShard(

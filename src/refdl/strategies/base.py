@@ -173,19 +173,28 @@ def declared_traits() -> dict[str, Traits]:
     return {name: STRATEGIES.get(name).traits for name in STRATEGIES}
 
 
+def memory_of(compiled: Any) -> Any:
+    """XLA's memory analysis of a compiled program (per device), or None where the backend
+    does not report it."""
+    try:
+        return compiled.memory_analysis()
+    except Exception:  # a backend without the analysis
+        return None
+
+
 def peak_bytes(compiled: list[Any]) -> int | None:
     """The most memory one device holds while one of ``compiled`` runs, from XLA's memory
     analysis: arguments + outputs - the outputs written over donated arguments +
     temporaries (``None`` where the backend does not report it)."""
-    peaks = []
-    for program in compiled:
-        try:
-            m = program.memory_analysis()
-            size = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-            peaks.append(int(size + m.temp_size_in_bytes))
-        except Exception:  # a backend without the analysis
-            continue
-    return max(peaks) if peaks else None
+    peaks = [
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+        for m in map(memory_of, compiled)
+        if m is not None
+    ]
+    return int(max(peaks)) if peaks else None
 
 
 def last(history: History, key: str, default: Any = None) -> Any:

@@ -25,8 +25,7 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import param_count, sequence_shard
 from refdl.core.state import TrainState
-from refdl.parallel.context import attention_bytes, zigzag_order
-from refdl.parallel.context import sequence_shard as shard_of
+from refdl.parallel.context import attention_bytes, context_shard, zigzag_order
 from refdl.strategies.base import Batch, History, Strategy, register
 
 AXIS = "context"
@@ -42,7 +41,8 @@ class ContextParallel(Strategy):
         super().__init__(task, spec, plan, devices, batches)
         self.c = plan.mesh.context
         self.mesh = plan.mesh.make(devices)
-        self.order = zigzag_order(np.shape(task.sample_x)[1], self.c)
+        self.order = zigzag_order(np.shape(task.sample_x)[1], self.c)  # [device, local]
+        self.token_order = self.order.reshape(-1)  # every token to the device holding it
         self.batch_sharding = NamedSharding(self.mesh, P(None, AXIS))
         self.replicated = NamedSharding(self.mesh, P())
         step = jax.shard_map(
@@ -63,7 +63,7 @@ class ContextParallel(Strategy):
 
     def _local_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
         """One device's step: its pieces of the sequences in, the replicated new state out."""
-        with sequence_shard(shard_of(self.spec.cp, AXIS, self.order)):
+        with sequence_shard(context_shard(self.spec.cp, AXIS, self.order)):
             loss, grads, model_state = self.task.accumulated_grads(
                 state.params, state.model_state, batch, self.plan.microbatches
             )
@@ -75,8 +75,7 @@ class ContextParallel(Strategy):
         return jax.device_put(host_state, self.replicated)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-        order = self.order.reshape(-1)  # every token to the device holding its position
-        batch = {k: np.asarray(v)[:, order] for k, v in batch.items()}
+        batch = {k: np.asarray(v)[:, self.token_order] for k, v in batch.items()}
         state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))
         if self.serialize_steps:
             jax.block_until_ready(state)
@@ -84,7 +83,7 @@ class ContextParallel(Strategy):
 
     def analytic_comm_bytes(self) -> dict[str, int]:
         """What the attention and the gradient average should move per step (all devices)."""
-        b, t = np.shape(self.batches(0)["x"])[:2]
+        b, t = self.spec.batch_size, np.shape(self.task.sample_x)[1]
         params = self.task.abstract_state().params
         flat = jax.tree_util.tree_flatten_with_path(params)[0]
         queries = [w for path, w in flat if getattr(path[-1], "key", None) == "wq"]

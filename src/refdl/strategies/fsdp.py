@@ -45,7 +45,7 @@ from refdl.core.layers import Embed, PositionalEmbed, batch_axis
 from refdl.core.losses import LOSSES
 from refdl.core.state import TrainState, to_host
 from refdl.parallel.sharded import flat_pad, gather, gathered, padded, scatter, scattered, unflat
-from refdl.strategies.base import Batch, History, Strategy, last, register
+from refdl.strategies.base import Batch, History, Strategy, last, memory_of, register
 
 AXIS = "data"
 
@@ -106,7 +106,8 @@ class FSDP(Strategy):
                                  strict=True)
             if not marked
         )  # fmt: skip
-        self.temp_bytes = _temp_bytes(self._step)
+        memory = memory_of(self._step)  # XLA's buffers inside the step
+        self.temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
 
     # -- the state's layout ---------------------------------------------------------------------
 
@@ -282,14 +283,6 @@ def _microbatches(batch: Batch, m: int) -> list[Batch]:
     appear, and are counted, in the compiled program)."""
     n = next(iter(batch.values())).shape[0] // m
     return [{k: v[i * n : (i + 1) * n] for k, v in batch.items()} for i in range(m)]
-
-
-def _temp_bytes(compiled: Any) -> int | None:
-    """XLA's temporary buffer bytes of a compiled program (per device), where reported."""
-    try:
-        return int(compiled.memory_analysis().temp_size_in_bytes)
-    except Exception:  # not every backend reports it
-        return None
 
 
 class Zero1:

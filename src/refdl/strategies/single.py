@@ -37,12 +37,9 @@ class Single(Strategy):
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         return self._step(state, batch)
 
-    def compiled(self, state: TrainState, batch: Batch) -> Any:
+    def compiled_steps(self) -> list[Any]:
         """The executable ``train_step`` runs (the profiler names its operations by the
         HLO instruction names of this program)."""
-        return self._step
-
-    def compiled_steps(self) -> list[Any]:
         return [self._step]
 
     def summary(self, history: History) -> dict[str, Any]:
