@@ -2,7 +2,8 @@
 
 For P in {2, 4} stages and M in {1, 2, 4, 8, 16} microbatches, GPipe, 1F1B,
 interleaved 1F1B (2 chunks per device; needs M divisible by P), looped BFS (2
-chunks), ZB-H1 and ZB-V (the zero-bubble schedules, backward split into B and W)
+chunks), ZB-H1 and ZB-V (the zero-bubble schedules, backward split into B and W) and
+DualPipeV (ZB-V's V with overlapped forward/backward pairs, M >= 2P)
 train LeNet-5 on digits on simulated CPU devices, all in this one process. Each
 configuration runs ``--steps`` steps after a compile step; the measured bubble
 is the median over them.
@@ -10,7 +11,7 @@ is the median over them.
     .venv/bin/python scripts/bench_pipeline.py --out bench_out/pipeline
 
 Writes ``bench_pipeline.json``, ``bubble.png`` (measured vs analytic),
-``step_time.png``, ``memory.png`` and ``gantt_P4_M8_{1f1b,zb-h1,zbv}.png`` (F blue,
+``step_time.png``, ``memory.png`` and ``gantt_P4_M8_{1f1b,zb-h1,zbv,dualpipev}.png`` (F blue,
 B orange, W green).
 """
 
@@ -27,8 +28,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 SCHEDULES = (
     ("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("looped-bfs", 2), ("zb-h1", 1), ("zbv", 1),
+    ("dualpipev", 1),
 )  # fmt: skip
-GANTT = ("1f1b", "zb-h1", "zbv")  # drawn for P = 4, M = 8
+GANTT = ("1f1b", "zb-h1", "zbv", "dualpipev")  # drawn for P = 4, M = 8
 # |measured - analytic| bubble allowed on simulated CPU devices (README explains the gap).
 TOLERANCE = 0.12
 
@@ -39,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="lenet5")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--schedules", default=",".join(s for s, _ in SCHEDULES),
+                    help="comma-separated schedules to run (default: all)")  # fmt: skip
     args = ap.parse_args(argv)
+    chosen = args.schedules.split(",")
 
     from refdl.config.spec import RunSpec
     from refdl.parallel.schedule import analytic_bubble
@@ -53,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in (2, 4):
         for m in (1, 2, 4, 8, 16):
             for sched, v in SCHEDULES:
-                if sched == "interleaved" and m % p:
+                if sched not in chosen or (sched == "interleaved" and m % p):
+                    continue
+                if sched == "dualpipev" and m < 2 * p:  # its least, as in PyTorch
                     continue
                 spec = RunSpec(
                     strategy="pipeline",
@@ -137,7 +144,8 @@ def plots(results: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"gpipe": "tab:blue", "1f1b": "tab:orange", "interleaved": "tab:green",
-              "looped-bfs": "tab:brown", "zb-h1": "tab:red", "zbv": "tab:purple"}  # fmt: skip
+              "looped-bfs": "tab:brown", "zb-h1": "tab:red", "zbv": "tab:purple",
+              "dualpipev": "tab:olive"}  # fmt: skip
     for key, ylabel, fname in (
         ("bubble", "bubble fraction", "bubble.png"),
         ("step_time_median_s", "step time (s)", "step_time.png"),

@@ -74,7 +74,7 @@ def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:
     return ModelShape(
         name=name,
         layers=tuple(layers),
-        batch_stats=bool(jax.tree.leaves(state)),
+        batch_stats=any("batch_stats" in v for v in state.values()),
         train_size=dataset.info.train_size,
         sequence=int(np.shape(task.sample_x)[1]) if splits else 0,
     )

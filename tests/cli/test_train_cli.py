@@ -187,7 +187,7 @@ def test_main_job_is_a_hybrid_and_resume_needs_no_flags(tmp_path):
     assert "hybrid on 8 simulated CPU devices, mesh data=2 x model=2 x pipe=2" in full.stderr
     a = summary_of(tmp_path / "a")
     assert (
-        a["mesh"] == {"data": 2, "fsdp": 1, "context": 1, "model": 2, "pipe": 2}
+        a["mesh"] == {"data": 2, "fsdp": 1, "expert": 1, "context": 1, "model": 2, "pipe": 2}
         and a["devices"] == 8
     )
     half = run_cli("--strategy", "hybrid", "--steps", "6", "--out", str(tmp_path / "b"), *quiet)
@@ -211,6 +211,7 @@ def test_resume_of_a_4_device_data_run_restores_its_devices(tmp_path):
     assert b["devices"] == 4 and b["mesh"] == {
         "data": 4,
         "fsdp": 1,
+        "expert": 1,
         "context": 1,
         "model": 1,
         "pipe": 1,

@@ -16,6 +16,7 @@ def test_parse_and_rest():
     assert MeshSpec.parse("data=2,model=4", 8).as_dict() == {
         "data": 2,
         "fsdp": 1,
+        "expert": 1,
         "context": 1,
         "model": 4,
         "pipe": 1,
@@ -28,7 +29,7 @@ def test_parse_and_rest():
         ("data=2,model=2", 8, "multiplies to 4 devices but --devices is 8"),
         ("data=3,model=-1", 8, "3 does not divide 8 devices"),
         ("data=-1,model=-1", 8, "only one axis may be -1"),
-        ("tensor=2", 2, "AXIS one of data, fsdp, context, model, pipe"),
+        ("tensor=2", 2, "AXIS one of data, fsdp, expert, context, model, pipe"),
         ("data=two", 2, "is not an integer"),
         ("data=2,data=1", 2, "given twice"),
         ("data=0", 1, "must be >= 1 or -1"),

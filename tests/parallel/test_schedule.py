@@ -93,6 +93,25 @@ def test_zb_h1_has_a_third_of_1f1b_bubble_and_its_memory():
         assert s.p2p_messages() == 2 * m * (p - 1)
 
 
+def test_dualpipev_is_a_v_whose_bubble_is_zbvs_in_compute_slots():
+    """DualPipeV runs ZB-V's V with overlapped forward/backward pairs; counted in slots of
+    compute it idles ``p - 1`` slots per device (the closed form), and it refuses fewer
+    than ``2p`` microbatches, as PyTorch's does."""
+    for p in (2, 3, 4, 8):
+        for m in range(2 * p, 2 * p + 12):
+            s = build("dualpipev", p, m)
+            _check_dependencies(s)
+            assert s.bubble_fraction == pytest.approx((p - 1) / (6 * m + p - 1), abs=1e-12)
+            assert analytic_bubble("dualpipev", p, m) == pytest.approx(s.bubble_fraction)
+            assert [s.busy(r) for r in range(p)] == [6 * m] * p  # F, B, W of 2 chunks
+            assert s.p2p_messages() == 2 * m * (2 * p - 2)
+            # one chunk activation more than ZB-V's 2p: a pair's forward comes before the
+            # backward that frees one
+            assert [s.peak_stash(r) for r in range(p)] == [2 * p + 1] * p
+    with pytest.raises(UsageError, match="at least 2 x stages = 8 microbatches"):
+        build("dualpipev", 4, 7)
+
+
 def test_zbv_puts_two_chunks_per_device_in_a_v():
     for p, m in GRID:
         s = build("zbv", p, m)
@@ -138,6 +157,7 @@ def _torch_orders(kind: str, p: int, m: int, v: int) -> list[list[tuple[str, int
         "looped-bfs": schedules.ScheduleLoopedBFS,
         "zb-h1": schedules.ScheduleInterleavedZeroBubble,
         "zbv": schedules.ScheduleZBVZeroBubble,
+        "dualpipev": schedules.ScheduleDualPipeV,
     }[kind]
     rounds = max(1, m // p)
     attrs = types.SimpleNamespace(
@@ -145,18 +165,24 @@ def _torch_orders(kind: str, p: int, m: int, v: int) -> list[list[tuple[str, int
         num_stages=p * v, number_of_rounds=rounds, microbatches_per_round=m // rounds,
     )  # fmt: skip
     letter = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "B", "BACKWARD_WEIGHT": "W"}
+
+    def units(a):  # DualPipeV's overlapped pair: its two actions; its full backward: B, W
+        if a.computation_type.name == "OVERLAP_F_B":
+            return [u for sub in a.sub_actions for u in units(sub)]
+        one = (letter[a.computation_type.name], a.microbatch_index, a.stage_index)
+        if kind == "dualpipev" and a.computation_type.name == "FULL_BACKWARD":
+            return [one, ("W", *one[1:])]
+        return [one]
+
     return [
-        [
-            (letter[a.computation_type.name], a.microbatch_index, a.stage_index)
-            for a in cls._calculate_single_rank_operations(attrs, rank)
-            if a is not None
-        ]
+        [u for a in cls._calculate_single_rank_operations(attrs, rank) if a is not None
+         for u in units(a)]
         for rank in range(p)
-    ]
+    ]  # fmt: skip
 
 
 TORCH_CASES = [("interleaved", 2), ("interleaved", 3), ("looped-bfs", 2), ("looped-bfs", 3),
-               ("zb-h1", 1), ("zbv", 2)]  # fmt: skip
+               ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind,v", TORCH_CASES)
@@ -166,7 +192,7 @@ def test_orders_match_pytorch_pipelining_action_for_action(kind, v):
     schedule with one chunk per rank)."""
     for p in (2, 3, 4, 8):
         for m in (1, 2, 3, 4, 6, 8, 12, 16):
-            if kind == "interleaved" and m % p:
+            if (kind == "interleaved" and m % p) or (kind == "dualpipev" and m < 2 * p):
                 continue
             s = build(kind, p, m, v if kind in ("interleaved", "looped-bfs") else 1)
             ours: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]

@@ -44,14 +44,14 @@ def test_data_measured_bytes_equal_analytic(tmp_path, algo):
         )
     )
     assert s["comm_bytes_per_step"] == s["comm_bytes_per_step_analytic"] > 0
-    assert s["mesh"] == {"data": 8, "fsdp": 1, "context": 1, "model": 1, "pipe": 1}
+    assert s["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "context": 1, "model": 1, "pipe": 1}
 
 
 def test_model_and_hybrid_report_measured_bytes(tmp_path):
     m = fit(
         RunSpec(strategy="model", devices=4, model="mlp", steps=2, out=str(tmp_path / "m"), **QUIET)
     )
-    assert m["mesh"] == {"data": 1, "fsdp": 1, "context": 1, "model": 4, "pipe": 1}
+    assert m["mesh"] == {"data": 1, "fsdp": 1, "expert": 1, "context": 1, "model": 4, "pipe": 1}
     # The mlp's one all-reduce (the row layer's output, 64 x 256 fp32) over 4 devices, ring
     # bytes summed over the devices: 4 x 2 (4 - 1) / 4 x 65536.
     assert m["comm_bytes_by_collective"] == {"all-reduce": 4 * 2 * 3 * 65536 // 4}
@@ -66,7 +66,7 @@ def test_model_and_hybrid_report_measured_bytes(tmp_path):
             **QUIET,
         )
     )
-    assert h["mesh"] == {"data": 2, "fsdp": 1, "context": 1, "model": 4, "pipe": 1}
+    assert h["mesh"] == {"data": 2, "fsdp": 1, "expert": 1, "context": 1, "model": 4, "pipe": 1}
     assert h["comm_bytes_per_step"] == sum(h["comm_bytes_by_collective"].values())
     # At least the gradient all-reduce over data=2: every device sends its local share of
     # the fp32 gradients once (2 (2 - 1) / 2), split layers 1/4 per device.
@@ -91,8 +91,8 @@ def uncompressed(tmp_path_factory):
 @pytest.mark.parametrize(
     "codec",
     [
-        "topk:0.1",
-        pytest.param("sign", marks=pytest.mark.slow),  # the default suite's time (15 min)
+        pytest.param("topk:0.1", marks=pytest.mark.slow),  # the default suite's time (15 min)
+        pytest.param("sign", marks=pytest.mark.slow),
         pytest.param("qsgd:16", marks=pytest.mark.slow),
         pytest.param("terngrad", marks=pytest.mark.slow),
     ],

@@ -13,9 +13,10 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
 INIT_SCHEMES = ("lecun_normal", "torch", "keras")  # refdl's, PyTorch's and Keras' defaults
 ALLREDUCE = ("xla", "ring", "tree", "halving-doubling")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "looped-bfs")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "looped-bfs")
 LOOPED = ("interleaved", "looped-bfs")  # schedules taking --chunks (chunk c at c * p + s)
-SPLIT_BACKWARD = ("zb-h1", "zbv")  # schedules splitting the backward into B and W
+SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")  # schedules splitting the backward into B and W
+V_SHAPED = ("zbv", "dualpipev")  # two chunks per device, s and 2p - 1 - s
 PS_MODES = ("sync", "async", "ssp")
 ORDERS = ("atc", "cta")  # decentralized: adapt-then-combine, combine-then-adapt
 TOPOLOGIES = ("ring", "torus", "exp2", "complete")
@@ -26,6 +27,6 @@ PRECISIONS = ("fp32", "bf16")  # compute precision (master weights stay fp32)
 
 
 def chunks_of(schedule: str, chunks: int) -> int:
-    """Model chunks per device under ``schedule``: ZB-V always 2 (its V), the looped
+    """Model chunks per device under ``schedule``: ZB-V and DualPipeV always 2 (the V), the looped
     schedules ``chunks``, the others 1."""
-    return 2 if schedule == "zbv" else (chunks if schedule in LOOPED else 1)
+    return 2 if schedule in V_SHAPED else (chunks if schedule in LOOPED else 1)

@@ -1,5 +1,5 @@
-"""``MeshSpec``: the validated degrees of the device mesh (``data``, ``fsdp``, ``context``,
-``model``, ``pipe``).
+"""``MeshSpec``: the validated degrees of the device mesh (``data``, ``fsdp``, ``expert``,
+``context``, ``model``, ``pipe``).
 
 Like torchtitan's ParallelDims: checked once, without devices, with messages
 that say what to change. ``-1`` means "the rest of the devices".
@@ -15,7 +15,9 @@ that say what to change. ``-1`` means "the rest of the devices".
   ``fsdp`` along a dimension that divides (``refdl.config.rules.param_spec``);
   XLA gathers a parameter where it is used and reduce-scatters its gradient;
 - ``context``: the sequence is split into ``context`` pieces (context parallelism,
-  ``refdl.parallel.context``); the sequence length must divide by it.
+  ``refdl.parallel.context``); the sequence length must divide by it;
+- ``expert``: the experts of a mixture-of-experts model are split over ``expert``, and
+  the batch too (``refdl.parallel.expert``); the experts must divide by it.
 
 Those checks against the batch and the model live in ``refdl.config.plan``.
 """
@@ -31,7 +33,7 @@ from jax.sharding import AxisType
 
 from refdl.errors import UsageError
 
-AXES = ("data", "fsdp", "context", "model", "pipe")  # outermost first
+AXES = ("data", "fsdp", "expert", "context", "model", "pipe")  # outermost first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,7 @@ class MeshSpec:
     pipe: int = 1
     fsdp: int = 1
     context: int = 1
+    expert: int = 1
 
     @property
     def size(self) -> int:
@@ -60,7 +63,7 @@ class MeshSpec:
         """``"data=2,model=4"`` on ``devices`` devices; unnamed axes are 1, ``-1`` the rest.
 
         >>> MeshSpec.parse("data=2,model=-1", 8)
-        MeshSpec(data=2, model=4, pipe=1, fsdp=1, context=1)
+        MeshSpec(data=2, model=4, pipe=1, fsdp=1, context=1, expert=1)
         >>> MeshSpec.parse(None, 4).as_dict()["data"]
         4
         """
@@ -122,8 +125,8 @@ class MeshSpec:
         return cls(data=rest // pipe, model=model, pipe=pipe)
 
     def text(self) -> str:
-        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``; ``fsdp`` and
-        ``context`` only when they are used)."""
+        """The ``--mesh`` text of these degrees (``data=2,model=2,pipe=2``; ``fsdp``,
+        ``expert`` and ``context`` only when they are used)."""
         always = ("data", "model", "pipe")
         return ",".join(f"{k}={v}" for k, v in self.as_dict().items() if k in always or v > 1)
 

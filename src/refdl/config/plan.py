@@ -54,6 +54,8 @@ class Traits:
     ``straggler_modes``: the modes ``--straggler`` can delay a worker in; ``pipeline``: it
     runs a pipeline schedule even with one stage (a ``pipe`` axis > 1 also makes one);
     ``batch_stats``: whether it supports models with batch statistics (BatchNorm);
+    ``whole_sequences``: each device's step sees whole sequences (a mixture-of-experts
+    router ranks a sequence's tokens; ``context`` gives a device a piece of each);
     ``synchronous``: its parameters after N steps equal ``single``'s (``ps`` only with
     ``--ps-mode sync``, see ``synchronous_with``); ``fills_host``: with neither
     ``--devices`` nor ``--mesh`` it takes the whole host (8 simulated CPU devices or
@@ -69,6 +71,7 @@ class Traits:
     straggler_modes: tuple[str, ...] = ("mpi",)
     pipeline: bool = False
     batch_stats: bool = True
+    whole_sequences: bool = True
     synchronous: bool = True
     fills_host: bool = False
 
@@ -121,6 +124,16 @@ class ModelShape:
     def leaves(self) -> int:
         return sum(len(layer.params) for layer in self.layers)
 
+    @property
+    def experts(self) -> int:
+        """Experts per mixture-of-experts layer (their weights' ``expert`` dimension); 0
+        for a model without any."""
+        return max(
+            (shape[axes.index("expert")] for layer in self.layers
+             for shape, axes in layer.params.values() if "expert" in axes),
+            default=0,
+        )  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -165,6 +178,12 @@ def plan(
             f"--strategy {strategy} does not support {model.name} (BatchNorm statistics would "
             "stay on the workers); use mlp, lenet5, lstm_lm or transformer"
         )
+    if model.experts and not traits.whole_sequences:
+        raise UsageError(
+            f"--strategy {strategy} gives each device a piece of every sequence, and "
+            f"{model.name}'s router ranks whole sequences; use --strategy hybrid with "
+            "--mesh context=..,expert=.."
+        )
     if traits.workers:
         return _worker_plan(spec, strategy, traits, model, ranks)
     mesh = mesh_of(spec, strategy, traits, owners or {strategy: traits})
@@ -179,6 +198,8 @@ def plan(
         # 0.10.2 gave wrong gradients for lstm_lm and resnet on data=2,fsdp=2,model=2 on CPU;
         # tests/strategies/test_equivalence.py holds that mesh.)
         batch_axes = ("fsdp", "data")
+    if mesh.expert > 1:  # the expert axis splits the batch too (GShard, DeepSpeed-MoE)
+        batch_axes = (*((batch_axes,) if isinstance(batch_axes, str) else batch_axes), "expert")
     check_batch(spec.batch_size, degree(mesh, batch_axes), m)
     if spec.allreduce == "halving-doubling" and mesh.data & (mesh.data - 1):
         raise UsageError(
@@ -187,6 +208,11 @@ def plan(
     check_layers(mesh, model, rules, spec.mesh)
     check_sequence(spec, mesh, model)
     chunks, cuts = spec.chunks, ()
+    if mesh.pipe > 1 and (mesh.context > 1 or mesh.expert > 1):
+        raise UsageError(
+            "context and expert axes do not combine with pipe > 1 yet (the pipeline's stages "
+            "are programs of their own); use pipe=1 or drop context and expert"
+        )
     if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
             raise UsageError(
@@ -323,6 +349,21 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
             )
     if mesh.context > 1 and spec.cp == "all-to-all":
         check_layers(mesh, model, {"heads": "context"}, spec.mesh)
+    if mesh.context > 1 and spec.sequence_parallel:
+        raise UsageError(
+            "--sequence-parallel and a context axis both split the sequence; use one of them"
+        )
+    if mesh.expert > 1:
+        if not model.experts:
+            raise UsageError(
+                f"an expert axis splits the experts of a mixture-of-experts model, and "
+                f"{model.name} has none; use --model moe"
+            )
+        if model.experts % mesh.expert:
+            raise UsageError(
+                f"expert={mesh.expert} does not divide the {model.experts} experts of "
+                f"{model.name}; use a degree dividing {model.experts} or --model-opt experts=N"
+            )
 
 
 def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
@@ -333,6 +374,11 @@ def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
     if spec.chunks != 1 and spec.schedule not in LOOPED:
         raise UsageError(f"--chunks {spec.chunks} needs --schedule interleaved or looped-bfs")
     v = chunks_of(spec.schedule, spec.chunks)
+    if spec.schedule == "dualpipev" and m < 2 * p:
+        raise UsageError(
+            f"--schedule dualpipev needs at least 2 x stages = {2 * p} microbatches (got {m}); "
+            f"use --microbatches {2 * p} or more"
+        )
     if spec.schedule == "interleaved" and m % p:
         raise UsageError(
             f"--schedule interleaved needs microbatches divisible by stages ({m} % {p} != 0)"

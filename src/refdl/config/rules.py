@@ -33,6 +33,7 @@ TENSOR_RULES: dict[str, MeshAxes] = {
     "heads": "model",
     "conv_out": "model",
     "lstm_gates": "model",
+    "expert": "expert",  # mixture-of-experts weights: expert parallelism
 }
 # preset -> (rules, mesh axes the batch is split over)
 PRESET_RULES: dict[str, tuple[dict[str, MeshAxes], MeshAxes]] = {

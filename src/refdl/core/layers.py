@@ -49,8 +49,8 @@ def activation(name: str | None) -> Callable[[Array], Array]:
     return _ACTIVATIONS[name]
 
 
-def _param(module: nn.Module, name: str, init: Callable, shape: Sequence[int], axes: Axes):
-    """A parameter boxed with its logical axis names."""
+def param(module: nn.Module, name: str, init: Callable, shape: Sequence[int], axes: Axes):
+    """A parameter of ``module`` boxed with its logical axis names."""
     return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape))
 
 
@@ -65,7 +65,7 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, train: bool = False) -> Array:
-        kernel = _param(
+        kernel = param(
             self,
             "kernel",
             nn.initializers.lecun_normal(),
@@ -74,7 +74,7 @@ class Dense(nn.Module):
         )
         y = jnp.dot(x, kernel)
         if self.use_bias:
-            y = y + _param(self, "bias", nn.initializers.zeros, (self.features,), (self.out_axis,))
+            y = y + param(self, "bias", nn.initializers.zeros, (self.features,), (self.out_axis,))
         return activation(self.act)(y)
 
 
@@ -91,7 +91,7 @@ class Conv(nn.Module):
     @nn.compact
     def __call__(self, x: Array, train: bool = False) -> Array:
         kh, kw = self.kernel_size
-        kernel = _param(
+        kernel = param(
             self,
             "kernel",
             nn.initializers.lecun_normal(),
@@ -100,7 +100,7 @@ class Conv(nn.Module):
         )
         y = conv2d(x, kernel, self.strides, self.padding)
         if self.use_bias:
-            y = y + _param(self, "bias", nn.initializers.zeros, (self.features,), ("conv_out",))
+            y = y + param(self, "bias", nn.initializers.zeros, (self.features,), ("conv_out",))
         return activation(self.act)(y)
 
 
@@ -146,6 +146,13 @@ def batch_axis(name: str | None) -> Iterator[None]:
         yield
     finally:
         _BATCH_AXIS.reset(token)
+
+
+def batch_mean(x: Array) -> Array:
+    """``x`` averaged over the mesh axis named by ``batch_axis`` (unchanged outside one): a
+    statistic of the whole global batch."""
+    name = _BATCH_AXIS.get()
+    return x if name is None else jax.lax.pmean(x, name)
 
 
 class BatchNorm(nn.Module):
@@ -236,7 +243,7 @@ class Embed(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, train: bool = False) -> Array:
-        table = _param(
+        table = param(
             self,
             "embedding",
             nn.initializers.normal(stddev=0.1),
@@ -255,6 +262,9 @@ class SequenceShard:
 
     positions: Callable[[int], Array]
     attention: Callable[[Array, Array, Array], Array]
+    # whether the traced tokens are whole sequences (in a permuted order), as under
+    # ``jax.jit`` shardings, rather than one device's piece of them, as in ``shard_map``
+    whole: bool = False
 
 
 _SEQUENCE: contextvars.ContextVar[SequenceShard | None] = contextvars.ContextVar(
@@ -288,6 +298,11 @@ def residual_layout(constrain: Callable[[Array], Array] | None) -> Iterator[None
         _RESIDUAL.reset(token)
 
 
+def sequence_now() -> SequenceShard | None:
+    """The sequence split set by ``sequence_shard`` while tracing (``None``: none)."""
+    return _SEQUENCE.get()
+
+
 def residual(x: Array) -> Array:
     """The residual stream under the layout set by ``residual_layout`` (else unchanged)."""
     constrain = _RESIDUAL.get()
@@ -301,7 +316,7 @@ class PositionalEmbed(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, train: bool = False) -> Array:
-        pos = _param(
+        pos = param(
             self,
             "embedding",
             nn.initializers.normal(stddev=0.02),
@@ -328,9 +343,9 @@ class LSTM(nn.Module):
         h = self.hidden
         init = nn.initializers.uniform(scale=2.0 / np.sqrt(h))
         shifted = lambda key, shape, dtype=jnp.float32: init(key, shape, dtype) - 1.0 / np.sqrt(h)  # noqa: E731
-        w_ih = _param(self, "w_ih", shifted, (x.shape[-1], 4 * h), ("embed", "lstm_gates"))
-        w_hh = _param(self, "w_hh", shifted, (h, 4 * h), ("lstm_hidden", "lstm_gates"))
-        bias = _param(self, "bias", nn.initializers.zeros, (4 * h,), ("lstm_gates",))
+        w_ih = param(self, "w_ih", shifted, (x.shape[-1], 4 * h), ("embed", "lstm_gates"))
+        w_hh = param(self, "w_hh", shifted, (h, 4 * h), ("lstm_hidden", "lstm_gates"))
+        bias = param(self, "bias", nn.initializers.zeros, (4 * h,), ("lstm_gates",))
         xw = jnp.einsum("btd,dg->btg", x, w_ih) + bias  # input projection for all steps at once
 
         def cell(carry, xw_t):
@@ -366,11 +381,13 @@ class TransformerBlock(nn.Module):
     """Pre-LN decoder block: x + MHA(LN(x)) (causal), then x + MLP(LN(x)).
 
     Q, K, V and the output projection carry a ``heads`` axis, the MLP an ``mlp``
-    axis: Megatron-style tensor parallelism splits exactly those.
+    axis: Megatron-style tensor parallelism splits exactly those. ``ffn`` replaces the
+    MLP by another feed-forward module (``refdl.core.moe.MoEFeedForward``).
     """
 
     num_heads: int
     mlp_dim: int
+    ffn: nn.Module | None = None
 
     @nn.compact
     def __call__(self, x: Array, train: bool = False) -> Array:
@@ -379,16 +396,18 @@ class TransformerBlock(nn.Module):
         x = residual(x)
         y = LayerNorm()(x)
         qkv_init = nn.initializers.lecun_normal()
-        wq = _param(self, "wq", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
-        wk = _param(self, "wk", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
-        wv = _param(self, "wv", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
-        wo = _param(self, "wo", qkv_init, (self.num_heads, hd, d), ("heads", "head_dim", "embed"))
+        wq = param(self, "wq", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wk = param(self, "wk", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wv = param(self, "wv", qkv_init, (d, self.num_heads, hd), ("embed", "heads", "head_dim"))
+        wo = param(self, "wo", qkv_init, (self.num_heads, hd, d), ("heads", "head_dim", "embed"))
         q = jnp.einsum("btd,dnh->btnh", y, wq)
         k = jnp.einsum("btd,dnh->btnh", y, wk)
         v = jnp.einsum("btd,dnh->btnh", y, wv)
         ctx = causal_attention(q, k, v)
         x = residual(x + jnp.einsum("btnh,nhd->btd", ctx, wo))
         y = LayerNorm()(x)
+        if self.ffn is not None:
+            return residual(x + self.ffn(y, train))
         y = Dense(self.mlp_dim, "embed", "mlp", act="gelu")(y)
         y = Dense(d, "mlp", "embed")(y)
         return residual(x + y)

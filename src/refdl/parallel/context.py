@@ -124,6 +124,25 @@ def context_shard(mode: str, axis: str, order: np.ndarray) -> SequenceShard:
     )
 
 
+def context_attention(mode: str, mesh: Any, batch_axes: Any, order: np.ndarray) -> SequenceShard:
+    """The model's view under ``jax.jit`` shardings (``hybrid``): whole sequences held in
+    ``order``'s token order and split over ``context``, attention run by ``mode`` in a
+    ``shard_map`` over the batch axes and ``context`` (the other axes stay with XLA)."""
+    attend = ring_attention if mode == "ring" else all_to_all_attention
+    names = {batch_axes} if isinstance(batch_axes, str) else set(batch_axes or ())
+    split = P(batch_axes, "context")
+    attention = jax.shard_map(
+        lambda q, k, v: attend(q, k, v, "context", order),
+        mesh=mesh,
+        in_specs=(split, split, split),
+        out_specs=split,
+        axis_names=names | {"context"},
+    )
+    return SequenceShard(
+        positions=lambda _t: jnp.asarray(order.reshape(-1)), attention=attention, whole=True
+    )
+
+
 def sequence_split(mesh: Any, batch_axes: Any) -> Callable[[Array], Array]:
     """Megatron's sequence parallelism as a layout (``refdl.core.layers.residual_layout``):
     the residual stream ``[B, T, D]`` split along the sequence over ``model`` between the

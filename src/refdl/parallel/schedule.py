@@ -33,7 +33,13 @@ step. Closed forms (``analytic_bubble``), p stages, m microbatches, v chunks:
   slots, ``s`` before its first forward and ``p - 1 - s`` after its last W
   (read off the tables: it holds for every ``p <= 8``, ``m < 40`` tried;
   Qi et al. 2024, section 6, call the V "zero bubble" in the steady state);
-- looped BFS, ``m >= p``: as interleaved (Lamy-Poirier 2023).
+- looped BFS, ``m >= p``: as interleaved (Lamy-Poirier 2023);
+- DualPipeV, ``m >= 2p`` (the least it runs with, as in PyTorch): ZB-V's
+  ``(p - 1) / (6 m + p - 1)``. Its overlapped forward-and-backward pairs (one
+  microbatch's forward beside another's backward, so that one's communication hides
+  behind the other's compute - DeepSeek-V3's reason for it) are, in slots of compute,
+  the forward then the backward: with ``T_F = T_B = T_W`` each device idles ``p - 1``
+  slots, as in ZB-V (read off the tables for every ``p <= 8``, ``2p <= m < 2p + 12``).
 
 Below those ``m`` the schedules wait for their dependencies in ways no simple
 form captures; ``bubble`` then reads the table. The orders match PyTorch's
@@ -48,7 +54,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from refdl.config.choices import LOOPED, SPLIT_BACKWARD, chunks_of
+from refdl.config.choices import LOOPED, SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.choices import PIPELINE_SCHEDULES as SCHEDULES
 from refdl.errors import UsageError
 
@@ -68,14 +74,14 @@ class Op:
 
 def virtual_stage(kind: str, p: int, stage: int, chunk: int) -> int:
     """The virtual stage (position in the model) of ``chunk`` on device ``stage``."""
-    if kind == "zbv":
+    if kind in V_SHAPED:
         return stage if chunk == 0 else 2 * p - 1 - stage
     return chunk * p + stage
 
 
 def device_of(kind: str, p: int, k: int) -> tuple[int, int]:
     """``(stage, chunk)`` holding virtual stage ``k`` (the inverse of ``virtual_stage``)."""
-    if kind == "zbv":
+    if kind in V_SHAPED:
         return (k, 0) if k < p else (2 * p - 1 - k, 1)
     return k % p, k // p
 
@@ -129,7 +135,7 @@ class Schedule:
         across every boundary between consecutive virtual stages, for every microbatch
         (in the V, the boundary between a device's two chunks stays on the device)."""
         boundaries = self.stages * self.chunks - 1
-        if self.kind == "zbv":
+        if self.kind in V_SHAPED:
             boundaries -= 1  # virtual stages p - 1 and p are both on device p - 1
         return 2 * self.microbatches * boundaries
 
@@ -159,7 +165,7 @@ def analytic_bubble(kind: str, p: int, m: int, v: int = 1) -> float | None:
         return (p - 1) / (v * m + p - 1)
     if kind == "zb-h1" and m >= p:
         return (p - 1) / (3 * m + p - 1)
-    if kind == "zbv" and 2 * m >= 3 * p - 1:
+    if (kind == "zbv" and 2 * m >= 3 * p - 1) or (kind == "dualpipev" and m >= 2 * p):
         return (p - 1) / (6 * m + p - 1)
     return None
 
@@ -187,6 +193,8 @@ def _orders(kind: str, p: int, m: int, v: int) -> list[list[Op]]:
             order += [Op("B", i, c) for c in reversed(range(v)) for i in reversed(range(m))]
         elif kind == "zbv":
             order = _zbv_order(p, m, s)
+        elif kind == "dualpipev":
+            order = _dualpipev_order(p, m, s)
         elif kind == "zb-h1":
             order = _zb_h1_order(p, m, s)
         else:  # interleaved 1F1B (Narayanan et al. 2021): microbatches in groups of p
@@ -241,6 +249,72 @@ def _zbv_order(p: int, m: int, s: int) -> list[Op]:
     return [op for op in order if op.mb < m]
 
 
+def _dualpipev_order(p: int, m: int, s: int) -> list[Op]:
+    """DualPipeV's order on stage ``s`` (DeepSeek-V3's DualPipe cut in half, arXiv
+    2412.19437; the order of PyTorch's ``ScheduleDualPipeV``), on ZB-V's V placement, for
+    ``m >= 2p``. Its overlapped forward-and-backward pairs and its full backwards are
+    written out as their operations: a full backward is ``B`` then ``W`` of one microbatch,
+    a pair is the forward, then the other chunk's full backward; a split ``B`` queues its
+    ``W``, run at the next free ``W`` step, oldest first."""
+    count: dict[tuple[int, str], int] = {}
+    queue: list[tuple[int, int]] = []
+    order: list[Op] = []
+
+    def take(chunk: int, kind: str) -> int:
+        mb = count.get((chunk, kind), 0)
+        count[chunk, kind] = mb + 1
+        return mb
+
+    def forward(chunk: int) -> None:
+        order.append(Op("F", take(chunk, "F"), chunk))
+
+    def full(chunk: int) -> None:  # backward input and weight together
+        mb = take(chunk, "B")
+        order.extend([Op("B", mb, chunk), Op("W", mb, chunk)])
+
+    def split(chunk: int) -> None:  # backward input now, its weight queued
+        mb = take(chunk, "B")
+        order.append(Op("B", mb, chunk))
+        queue.append((chunk, mb))
+
+    def weight() -> None:
+        if queue:
+            chunk, mb = queue.pop(0)
+            order.append(Op("W", mb, chunk))
+
+    rest = p - s - 1
+    for _ in range(2 * rest):  # 1: chunk 0's warm-up
+        forward(0)
+    for _ in range(s + 1):  # 2: both chunks
+        forward(0)
+        forward(1)
+    for _ in range(rest):  # 3: zero-bubble steps on chunk 1
+        split(1)
+        weight()
+        forward(1)
+    for _ in range(m - 2 * p + s + 1):  # 4: the steady state, F0 with B1, F1 with B0
+        forward(0)
+        full(1)
+        forward(1)
+        full(0)
+    for _ in range(rest):  # 5: B1, then F1 with B0
+        full(1)
+        forward(1)
+        full(0)
+    zb = False
+    for i in range(s + 1):  # 6: B1 B0, the second half split
+        zb = zb or (i == (s + 1) // 2 and s % 2 == 1)
+        (split if zb else full)(1)
+        zb = zb or (i == (s + 1) // 2 and s % 2 == 0)
+        (split if zb else full)(0)
+    for _ in range(rest):  # 7: W0 B0
+        weight()
+        (split if zb else full)(0)
+    for _ in range(s + 1):  # 8: the queued W's
+        weight()
+    return order
+
+
 def _ready(done: set, kind: str, op: Op, k: int, last: int) -> bool:
     if op.kind == "F":
         return k == 0 or ("F", op.mb, k - 1) in done
@@ -261,6 +335,11 @@ def build(kind: str, p: int, m: int, v: int = 1) -> Schedule:
     if kind == "interleaved" and m % p:
         raise UsageError(
             f"--schedule interleaved needs microbatches divisible by stages ({m} % {p} != 0)"
+        )
+    if kind == "dualpipev" and m < 2 * p:
+        raise UsageError(
+            f"--schedule dualpipev needs at least 2 x stages = {2 * p} microbatches (got {m}); "
+            f"use --microbatches {2 * p} or more"
         )
     chunks = chunks_of(kind, v)
     last = p * chunks - 1

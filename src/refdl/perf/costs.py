@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from refdl.comm.topology import adjacency
-from refdl.config.choices import SPLIT_BACKWARD, chunks_of
+from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
 from refdl.parallel.schedule import bubble as bubble_fraction
@@ -211,7 +211,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     # stage units): all of them breadth-first, 1F1B's p otherwise (a ZB-V chunk is half).
     stash = (mb if opts.schedule in ("gpipe", "looped-bfs") else min(p, mb)) * (batch / mb)
     mem = _state_bytes(m, opts, p) + stash * m.activation_bytes_per_sample / p
-    crossings = p * v - 1 - (1 if opts.schedule == "zbv" else 0)  # the V turns on a device
+    crossings = p * v - 1 - (1 if opts.schedule in V_SHAPED else 0)  # the V turns on a device
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from refdl.config.spec import RunSpec
+from refdl.core.moe import moe_stats
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import epoch_of
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
@@ -267,6 +268,7 @@ class _Loop:
         s, done = self.spec, step.done
         extra = {k: v for k, v in self.last_metrics.items() if k != "loss"}
         logged_only = self.strategy.extra_metrics(self.state)
+        logged_only.update(moe_stats(self.state, to_host))
         extra.update(logged_only)
         window = self.history["loss"][-(s.log_every or 1) :]
         row = {

@@ -27,6 +27,7 @@ import numpy as np
 from refdl.config.files import MiB, loads_json, read_text
 from refdl.config.paths import open_append, write_atomic
 from refdl.core.layers import param_count
+from refdl.core.moe import moe_stats
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 from refdl.run.build import Run
@@ -308,6 +309,12 @@ def summary(
         "backend": jax.default_backend(),
         "jax_version": jax.__version__,
     }
+    routed = moe_stats(host.model_state)
+    if routed:  # a mixture-of-experts model: the logged steps' mean, and the last step's
+        logged = history.get("tokens_dropped_fraction") or [routed["tokens_dropped_fraction"]]
+        out["tokens_dropped_fraction"] = float(np.mean(logged))
+        out["tokens_dropped_fraction_last_step"] = routed["tokens_dropped_fraction"]
+        out["router_aux_loss"] = routed["router_aux_loss"]
     if "test_perplexity" in last_eval:
         out["test_perplexity"] = last_eval["test_perplexity"]
     out.update(info.baselines)

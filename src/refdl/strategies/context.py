@@ -35,7 +35,9 @@ AXIS = "context"
 class ContextParallel(Strategy):
     """Replicated state, each sequence split on ``context``; attention by ring or all-to-all."""
 
-    traits = Traits(axes=(AXIS,), options=frozenset({"mesh", "cp"}), multiprocess="spmd")
+    traits = Traits(
+        axes=(AXIS,), options=frozenset({"mesh", "cp"}), multiprocess="spmd", whole_sequences=False
+    )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)

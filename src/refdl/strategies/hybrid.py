@@ -12,6 +12,12 @@ and reduce-scatters its gradient (sharded data parallelism as GSPMD places it;
 ``--strategy fsdp`` writes the ZeRO stages out by hand). With ``pipe`` > 1 the
 layers are cut into stages over ``pipe``, each stage on its ``data x fsdp x model``
 sub-mesh, run by the pipeline executor (``refdl.strategies.pipeline``).
+
+A ``context`` axis splits each sequence (held in the zig-zag order of
+``refdl.parallel.context``; attention by ``--cp ring|all-to-all`` in a ``shard_map``
+over the batch and context axes); an ``expert`` axis splits the batch and the experts
+of a mixture-of-experts model, its tokens sent to their experts by all-to-all
+(``refdl.parallel.expert``). Everything else stays with XLA's partitioner.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -28,9 +35,11 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Plan, Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
-from refdl.core.layers import residual_layout
+from refdl.core.layers import residual_layout, sequence_shard
+from refdl.core.moe import expert_shard, moe_layers
 from refdl.core.state import TrainState
-from refdl.parallel.context import sequence_split
+from refdl.parallel.context import attention_bytes, context_attention, sequence_split, zigzag_order
+from refdl.parallel.expert import expert_bytes, expert_parallel
 from refdl.strategies.base import Batch, History, Strategy, register
 from refdl.strategies.pipeline import Pipeline
 
@@ -40,10 +49,11 @@ class Hybrid(Strategy):
     """Data x model x pipe parallelism on one mesh, collectives placed by XLA."""
 
     traits = Traits(
-        axes=("data", "fsdp", "model", "pipe"),
+        axes=("data", "fsdp", "expert", "context", "model", "pipe"),
         options=frozenset(
             {
                 "mesh",
+                "cp",
                 "preset",
                 "schedule",
                 "chunks",
@@ -66,7 +76,10 @@ class Hybrid(Strategy):
         super().__init__(task, spec, plan, devices, batches)
         self.mesh = plan.mesh.make(devices)
         self.replicated = NamedSharding(self.mesh, P())
-        self.batch_sharding = NamedSharding(self.mesh, P(plan.batch_axes))
+        mesh, t = plan.mesh, np.shape(task.sample_x)[1:2]
+        self.order = zigzag_order(t[0], mesh.context) if mesh.context > 1 else None
+        dims = (plan.batch_axes, "context") if mesh.context > 1 else (plan.batch_axes,)
+        self.batch_sharding = NamedSharding(self.mesh, P(*dims))
         abstract = task.abstract_state()
         self.shardings = self.state_shardings(abstract)
         step = self.jit(
@@ -78,7 +91,16 @@ class Hybrid(Strategy):
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
                  for k, v in self.abstract_batch().items()}  # fmt: skip
         layout = sequence_split(self.mesh, plan.batch_axes) if spec.sequence_parallel else None
-        with conv.xla_only(plan.mesh.model > 1), residual_layout(layout):
+        split = None
+        if self.order is not None:
+            split = context_attention(spec.cp, self.mesh, plan.batch_axes, self.order)
+        experts = expert_parallel(self.mesh, plan.batch_axes) if mesh.expert > 1 else None
+        with (
+            conv.xla_only(mesh.model > 1),
+            residual_layout(layout),
+            sequence_shard(split),
+            expert_shard(experts),
+        ):
             self._step = step.lower(abstract, batch).compile()
         self.comm = collective_bytes(self._step.as_text(), len(devices))
 
@@ -113,6 +135,8 @@ class Hybrid(Strategy):
         return jax.device_put(host_state, self.shardings)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
+        if self.order is not None:  # each device's zig-zag chunks, contiguous
+            batch = {k: np.asarray(v)[:, self.order.reshape(-1)] for k, v in batch.items()}
         state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))
         if self.serialize_steps:
             jax.block_until_ready(state)
@@ -121,8 +145,36 @@ class Hybrid(Strategy):
     def compiled_steps(self) -> list[Any]:
         return [self._step]
 
+    def analytic_comm_bytes(self) -> dict[str, int]:
+        """What the new axes should move per step, summed over all devices: ``context``'s
+        attention (``refdl.parallel.context``) and ``expert``'s all-to-alls
+        (``refdl.parallel.expert``), for fp32 and heads not split over ``model``."""
+        mesh, n = self.plan.mesh, len(self.devices)
+        if mesh.context == 1 and mesh.expert == 1:
+            return {}
+        b, t = self.spec.batch_size // self.batch_degree, np.shape(self.task.sample_x)[1]
+        d = jax.tree.leaves(self.task.abstract_state().params["00_embed"])[0].shape[1]
+        blocks = sum(hasattr(layer, "num_heads") for layer in self.task.model.layers)
+        out = {}
+        if mesh.context > 1:
+            c = mesh.context
+            out["context"] = attention_bytes(self.spec.cp, c, b * t // c * d, blocks) * n // c
+        if mesh.expert > 1:
+            out["expert"] = sum(
+                expert_bytes(n, mesh.expert, b * ffn.experts * ffn.slots(t) * d, 1)
+                for ffn in moe_layers(self.task.model)
+            )
+        return out
+
+    @property
+    def batch_degree(self) -> int:
+        """How many ways the batch is split (its mesh axes' product)."""
+        axes = self.plan.batch_axes
+        names = (axes,) if isinstance(axes, str) else axes
+        return int(np.prod([self.plan.mesh.as_dict()[a] for a in names]))
+
     def summary(self, history: History) -> dict[str, Any]:
-        return {
+        out = {
             "mesh": self.plan.mesh.as_dict(),
             "preset": self.spec.preset or "tensor",
             "sequence_parallel": self.spec.sequence_parallel,
@@ -130,6 +182,13 @@ class Hybrid(Strategy):
             "comm_bytes_per_step": self.comm.get("total"),
             "comm_bytes_by_collective": {k: v for k, v in self.comm.items() if k != "total"},
         }
+        if self.order is not None:
+            out["cp"] = self.spec.cp
+            out["load_balance"] = "zig-zag: device i holds chunks i and 2c-1-i of 2c"
+        analytic = self.analytic_comm_bytes()
+        if analytic:
+            out["comm_bytes_per_step_analytic_by_axis"] = analytic
+        return out
 
 
 class HybridPipeline(Pipeline):

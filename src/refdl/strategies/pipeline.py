@@ -3,7 +3,7 @@ through them in the order a schedule table gives (``refdl.parallel.schedule``).
 
 The model's layers are cut into ``stages x chunks`` contiguous virtual stages,
 balanced by parameter count; the schedule places virtual stage ``k`` on a device
-(``k % stages`` for the looped schedules, a V for ZB-V). The executor walks the
+(``k % stages`` for the looped schedules, a V for ZB-V and DualPipeV). The executor walks the
 table dispatching every operation without waiting (JAX orders them by their
 data), except on the steps it times (below) and where a stage's programs hold
 collectives on simulated CPU devices (``dispatch_ahead``): there it waits slot
@@ -44,6 +44,7 @@ from refdl.config.rules import param_spec
 from refdl.core import conv
 from refdl.core.layers import residual_layout
 from refdl.core.losses import LOSSES
+from refdl.core.moe import loss_scale
 from refdl.core.state import TrainState
 from refdl.parallel.context import sequence_split
 from refdl.parallel.schedule import build as build_schedule
@@ -71,8 +72,8 @@ class StepClock:
 
 @register("pipeline")
 class Pipeline(Strategy):
-    """GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1 or ZB-V over ``--stages`` devices,
-    executed from the table."""
+    """GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1, ZB-V or DualPipeV over
+    ``--stages`` devices, executed from the table."""
 
     traits = Traits(
         axes=("pipe",),
@@ -144,7 +145,7 @@ class Pipeline(Strategy):
             ``layout``: the residual stream's (sequence parallelism), or None."""
 
             def apply(p_, state, x_):
-                with residual_layout(layout):  # traced at the first call
+                with residual_layout(layout), loss_scale(scale):  # traced at the first call
                     return chunk.apply(p_, state, x_, train=True)
 
             def out(p_, state, x_, g):
