@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from refdl.config.values import Float, Int, Option
-from refdl.core.layers import Dense, Embed, LayerNorm, PositionalEmbed, Sequential, TransformerBlock
+from refdl.core.layers import Sequential
 from refdl.core.moe import MoEFeedForward
 from refdl.errors import UsageError
 from refdl.models.base import ModelDef, register
-from refdl.models.transformer import TRANSFORMER
+from refdl.models.transformer import SHAPE_OPTIONS, TRANSFORMER, decoder
 
 
 def build(
@@ -23,16 +23,11 @@ def build(
 ) -> Sequential:
     """``transformer`` whose blocks' MLPs are ``experts`` MLPs of width ``mlp_dim``, each
     token through its ``top_k`` (``refdl.core.moe``)."""
-    if d_model % heads:
-        raise UsageError(f"moe: d_model={d_model} must be divisible by heads={heads}")
     if top_k > experts:
         raise UsageError(f"moe: top_k={top_k} must be at most experts={experts}")
     ffn = dict(experts=experts, top_k=top_k, capacity_factor=capacity_factor,
                mlp_dim=mlp_dim, aux_weight=aux_weight)  # fmt: skip
-    seq = [Embed(info.num_classes, d_model), PositionalEmbed(info.input_shape[0])]
-    seq += [TransformerBlock(heads, mlp_dim, ffn=MoEFeedForward(**ffn)) for _ in range(layers)]
-    seq += [LayerNorm(), Dense(info.num_classes, "embed", "vocab")]
-    return Sequential(tuple(seq))
+    return decoder(info, d_model, heads, layers, mlp_dim, lambda: MoEFeedForward(**ffn))
 
 
 MOE = register(
@@ -41,9 +36,7 @@ MOE = register(
         build=build,
         data_kind="tokens",
         options={
-            "d_model": Option(128, Int(1, 1 << 16), "model width"),
-            "heads": Option(4, Int(1, 1024), "attention heads (divide d_model)"),
-            "layers": Option(2, Int(1, 256), "decoder blocks"),
+            **SHAPE_OPTIONS,
             "mlp_dim": Option(256, Int(1, 1 << 18), "each expert's MLP width"),
             "experts": Option(8, Int(1, 1 << 12), "experts per layer"),
             "top_k": Option(2, Int(1, 64), "experts per token"),
