@@ -150,7 +150,6 @@ def test_summary_and_metrics_report_dropped_tokens(tmp_path):
         (dict(model="transformer", model_opts=(), mesh="data=2,expert=2"), "has none"),
         (dict(mesh="data=1,expert=8", devices=8), "expert width 4"),
         (dict(strategy="context", mesh=None, devices=2), "ranks whole sequences"),
-        (dict(mesh="expert=2,pipe=2"), "do not combine with pipe"),
         (dict(mesh="context=2,model=2", sequence_parallel=True), "use one of them"),
         (dict(strategy="data", mesh="data=2,expert=2"), "use --strategy hybrid"),
     ],
@@ -173,6 +172,15 @@ def test_bad_expert_and_context_combinations_are_one_line_errors(kw, words):
         dict(strategy="data", devices=2),
         dict(strategy="fsdp", devices=2),
         dict(strategy="single", remat="full"),
+        dict(strategy="hybrid", devices=8, mesh="context=2,expert=2,pipe=2", microbatches=2),
+        dict(
+            strategy="hybrid",
+            devices=8,
+            mesh="data=2,context=2,pipe=2",
+            cp="all-to-all",
+            microbatches=2,
+            schedule="zbv",
+        ),
     ],
 )
 def test_moe_equals_single_on_every_strategy(kw):
@@ -190,3 +198,19 @@ def test_moe_equals_single_on_every_strategy(kw):
 )
 def test_moe_with_adam_equals_single_within_adams_noise(kw):
     assert_equivalent(spec_of(optimizer="adam", lr=0.003, **kw), 8, **ADAM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kw",
+    [dict(strategy="pipeline", devices=2, microbatches=4), dict(strategy="single", microbatches=4)],
+)
+def test_microbatched_steps_report_the_whole_batchs_dropped_tokens(kw):
+    """A step of 4 microbatches reports the mean of their statistics (the whole batch's,
+    as one pass over it gives), not the last microbatch's."""
+    opts = (*SMALL, ("capacity_factor", "0.5"))
+    one = run_steps(spec_of(strategy="single", model_opts=opts), 1)
+    got = run_steps(spec_of(model_opts=opts, **kw), 1)
+    want = moe_stats(one.state.model_state)["tokens_dropped_fraction"]
+    last = moe_stats(got.state.model_state)["tokens_dropped_fraction"]
+    assert last == pytest.approx(want, abs=1e-6)

@@ -208,11 +208,6 @@ def plan(
     check_layers(mesh, model, rules, spec.mesh)
     check_sequence(spec, mesh, model)
     chunks, cuts = spec.chunks, ()
-    if mesh.pipe > 1 and (mesh.context > 1 or mesh.expert > 1):
-        raise UsageError(
-            "context and expert axes do not combine with pipe > 1 yet (the pipeline's stages "
-            "are programs of their own); use pipe=1 or drop context and expert"
-        )
     if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
             raise UsageError(

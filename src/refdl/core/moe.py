@@ -204,6 +204,17 @@ def moe_layers(model: Any) -> list[MoEFeedForward]:
     return [f for f in found if isinstance(f, MoEFeedForward)]
 
 
+def step_stats(model_state: PyTree) -> PyTree:
+    """The ``moe`` collections of a ``Sequential``'s model state (``{}`` without any)."""
+    return {k: {"moe": v["moe"]} for k, v in model_state.items() if "moe" in v}
+
+
+def with_step_stats(model_state: PyTree, stats: PyTree) -> PyTree:
+    """``model_state`` with its ``moe`` collections replaced by ``stats``'s: a step's
+    statistics as the mean over its microbatches, not the last one's."""
+    return {**model_state, **{k: {**model_state[k], **v} for k, v in stats.items()}}
+
+
 def moe_stats(tree: PyTree, to_host: Callable[[Any], Any] = np.asarray) -> dict[str, float]:
     """The mean over a model state's mixture-of-experts layers of each ``moe`` statistic
     (``{}`` for a model without any); ``tree`` may hold several stages' states, on any

@@ -19,6 +19,7 @@ import optax
 from refdl.core.init import redraw
 from refdl.core.layers import Sequential
 from refdl.core.losses import LOSSES, accuracy
+from refdl.core.moe import step_stats, with_step_stats
 from refdl.core.state import TrainState
 
 PyTree = Any
@@ -115,13 +116,17 @@ class Task:
         )
 
         def body(carry, mb):
-            loss_sum, grad_sum, state = carry
+            loss_sum, grad_sum, state, stats = carry
             loss, grads, state = self.loss_and_grads(params, state, mb)
-            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), state), None
+            stats = jax.tree.map(jnp.add, stats, step_stats(state))
+            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), state, stats), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        init = (jnp.zeros((), jnp.float32), zeros, model_state)
-        (loss, grads, state), _ = jax.lax.scan(body, init, split)
+        stats = jax.tree.map(jnp.zeros_like, step_stats(model_state))
+        init = (jnp.zeros((), jnp.float32), zeros, model_state, stats)
+        (loss, grads, state, stats), _ = jax.lax.scan(body, init, split)
+        # mixture-of-experts statistics: the step's, the mean over its microbatches
+        state = with_step_stats(state, jax.tree.map(lambda v: v / microbatches, stats))
         return loss / microbatches, jax.tree.map(lambda g: g / microbatches, grads), state
 
     def apply_gradients(self, state: TrainState, grads: PyTree, model_state: PyTree) -> TrainState:

@@ -42,11 +42,12 @@ from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
-from refdl.core.layers import residual_layout
+from refdl.core.layers import residual_layout, sequence_shard
 from refdl.core.losses import LOSSES
-from refdl.core.moe import loss_scale
+from refdl.core.moe import expert_shard, loss_scale
 from refdl.core.state import TrainState
-from refdl.parallel.context import sequence_split
+from refdl.parallel.context import context_attention, sequence_split, zigzag_order
+from refdl.parallel.expert import expert_parallel
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
@@ -98,6 +99,8 @@ class Pipeline(Strategy):
         self.k_last = p * v - 1
         self.device = [device_of(spec.schedule, p, k)[0] for k in range(p * v)]
         self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
+        c = plan.mesh.context  # tokens in zig-zag order, each stage's sequence over context
+        self.order = zigzag_order(np.shape(task.sample_x)[1], c) if c > 1 else None
         self._clock = StepClock(spec.log_every or MEASURE_EVERY)  # the steps it times
         self.shardings = [
             self.state_sharding(k, self.stage_state(self.abstract, k))
@@ -107,8 +110,23 @@ class Pipeline(Strategy):
 
     def act_sharding(self, k: int) -> NamedSharding:
         """Where virtual stage ``k``'s inputs live: its sub-mesh, the batch split as the plan
-        says (``data``, or ``data x fsdp``)."""
-        return NamedSharding(self.submeshes[self.device[k]], P(self.plan.batch_axes))
+        says (``data``, or ``data x fsdp``; with ``expert``), the sequence over ``context``."""
+        dims = (
+            (self.plan.batch_axes, "context") if self.order is not None else (self.plan.batch_axes,)
+        )
+        return NamedSharding(self.submeshes[self.device[k]], P(*dims))
+
+    def hooks(self, mesh: Mesh) -> tuple[Any, Any, Any]:
+        """What a stage's programs are traced under on its sub-mesh ``mesh``: the residual
+        stream's layout (sequence parallelism), the sequence's split (``context``) and the
+        experts' (``expert``); None where the plan has none."""
+        axes, degrees = self.plan.batch_axes, self.plan.mesh
+        layout = sequence_split(mesh, axes) if self.spec.sequence_parallel else None
+        split = None
+        if self.order is not None:
+            split = context_attention(self.spec.cp, mesh, axes, self.order)
+        experts = expert_parallel(mesh, axes) if degrees.expert > 1 else None
+        return layout, split, experts
 
     def state_sharding(self, k: int, st: TrainState) -> TrainState:
         """Virtual stage ``k``'s state on its sub-mesh: parameters (and their optimizer
@@ -138,14 +156,20 @@ class Pipeline(Strategy):
         loss_fn = LOSSES.get(self.task.loss)
         scale = 1.0 / self.m
 
-        def make(chunk, last, layout):
+        def make(chunk, last, mesh):
             """Chunk ``chunk``'s programs: forward; backward (both gradients); and the split
             backward's input-gradient and weight-gradient halves. On the last virtual stage
             the output gradient is the scaled loss's, so ``g`` is the labels there.
-            ``layout``: the residual stream's (sequence parallelism), or None."""
+            ``mesh``: the stage's sub-mesh, where its hooks run (``hooks``)."""
+            layout, split, experts = self.hooks(mesh)
 
             def apply(p_, state, x_):
-                with residual_layout(layout), loss_scale(scale):  # traced at the first call
+                with (  # traced at the first call
+                    residual_layout(layout),
+                    sequence_shard(split),
+                    expert_shard(experts),
+                    loss_scale(scale),
+                ):
                     return chunk.apply(p_, state, x_, train=True)
 
             def out(p_, state, x_, g):
@@ -171,13 +195,10 @@ class Pipeline(Strategy):
 
             return Programs(*(self.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
 
-        split = self.spec.sequence_parallel
         self._fns = [
-            make(c, k == self.k_last,
-                 sequence_split(self.submeshes[self.device[k]], self.plan.batch_axes) if split
-                 else None)
+            make(c, k == self.k_last, self.submeshes[self.device[k]])
             for k, c in enumerate(self.chunks)
-        ]  # fmt: skip
+        ]
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         # Each stage's update returns its state with the shardings it was placed with, so a
         # state restored from a checkpoint runs the very programs an uninterrupted run does.
@@ -238,6 +259,8 @@ class Pipeline(Strategy):
     def _walk(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
         """One step: the table walked, an operation at a time (``pipeline_walk``), then each
         stage's optimizer update."""
+        if self.order is not None:  # each device's zig-zag chunks, contiguous
+            batch = {k: np.asarray(v)[:, self.order.reshape(-1)] for k, v in batch.items()}
         # Every microbatch's input to the first stage and labels to the last, in one
         # transfer each (a device_put per microbatch cost ~100 us of host time apiece).
         xs = jax.device_put(np.split(batch["x"], self.m), self.act_sharding(0))
@@ -253,10 +276,9 @@ class Pipeline(Strategy):
                              for s, op in enumerate(row) if op is not None])  # fmt: skip
         total = rec.now()
         state = [
-            update(st, g, ms)
-            for update, st, g, ms in zip(self._updates, state, walk.gsum, walk.model_state,
-                                         strict=True)
-        ]  # fmt: skip
+            update(st, g, walk.step_model_state(k, self.m))
+            for k, (update, st, g) in enumerate(zip(self._updates, state, walk.gsum, strict=True))
+        ]
         if rec.timed:
             jax.block_until_ready(state)
         return state, {"loss": jnp.mean(jnp.stack(walk.losses)), **rec.metrics(total)}

@@ -17,6 +17,8 @@ from typing import Any
 
 import jax
 
+from refdl.core.moe import step_stats, with_step_stats
+
 
 class Recorder:
     """What a walk measures: point-to-point bytes, stashed bytes per device, the timeline."""
@@ -76,6 +78,7 @@ class Walk:
         self.kept: dict[tuple[int, int], Any] = {}  # (mb, k) -> output gradient kept for W
         self.gsum: list[Any] = [None] * len(programs)
         self.model_state = [s.model_state for s in state]
+        self.stats: dict[int, Any] = {}  # k -> its moe statistics summed over microbatches
         self.losses: list[Any] = []
         self.ops = {"F": self.forward, "B": self.backward, "W": self.weight}
 
@@ -84,6 +87,13 @@ class Walk:
         value = self.place(value, k)
         self.rec.moved(value.nbytes, origin, k)
         return value
+
+    def step_model_state(self, k: int, microbatches: int) -> Any:
+        """Stage ``k``'s model state after the step, its statistics the microbatches' mean."""
+        if k not in self.stats:
+            return self.model_state[k]
+        mean = jax.tree.map(lambda v: v / microbatches, self.stats[k])
+        return with_step_stats(self.model_state[k], mean)
 
     def accumulate(self, k: int, g: Any) -> Any:
         self.gsum[k] = g if self.gsum[k] is None else self.add(self.gsum[k], g)
@@ -98,6 +108,9 @@ class Walk:
         y = (self.ys[mb],) if last else ()
         fwd = self.programs[k].fwd
         result, self.model_state[k] = fwd(self.state[k].params, self.model_state[k], x, *y)
+        stats = step_stats(self.model_state[k])
+        if stats:  # mixture-of-experts statistics, summed over the step's microbatches
+            self.stats[k] = self.add(self.stats[k], stats) if k in self.stats else stats
         if last:
             self.losses.append(result)
             self.kept[(mb, k)] = y[0]  # the labels stand for the output gradient
