@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated schedules to run (default: all)")  # fmt: skip
     args = ap.parse_args(argv)
     chosen = args.schedules.split(",")
+    unknown = sorted(set(chosen) - {s for s, _ in SCHEDULES})
+    if unknown:
+        ap.error(f"--schedules: unknown {', '.join(unknown)}; choose from "
+                 f"{', '.join(s for s, _ in SCHEDULES)}")  # fmt: skip
 
     from refdl.config.spec import RunSpec
     from refdl.parallel.schedule import analytic_bubble

@@ -104,6 +104,9 @@ def test_capacity_drops_the_same_tokens_in_any_order():
     _, _, kept, _ = route(crowded, 2, slots)
     assert kept[0, :, 0].tolist() == [True] * 3 + [False] * 9  # the first 3 by position
     assert float(kept.mean()) == 6 / 24
+    # top-1 keeps its probability as the gate (Switch), so the task loss reaches the router
+    _, combine, _, _ = route(crowded, 1, 12)
+    np.testing.assert_allclose(combine.sum((2, 3)), 0.7, rtol=1e-6)
 
 
 def test_hybrid_data_context_expert_equals_single_and_moves_the_formula_bytes():
@@ -148,7 +151,9 @@ def test_summary_and_metrics_report_dropped_tokens(tmp_path):
     "kw,words",
     [
         (dict(model="transformer", model_opts=(), mesh="data=2,expert=2"), "has none"),
-        (dict(mesh="data=1,expert=8", devices=8), "expert width 4"),
+        (dict(mesh="data=1,expert=8", devices=8), "does not divide the 4 experts"),
+        (dict(mesh="data=2,expert=2", preset="owt"), "does not combine with an expert axis"),
+        (dict(strategy="ps", mesh=None, devices=2, simulate=True), "keeps no model state"),
         (dict(strategy="context", mesh=None, devices=2), "ranks whole sequences"),
         (dict(mesh="context=2,model=2", sequence_parallel=True), "use one of them"),
         (dict(strategy="data", mesh="data=2,expert=2"), "use --strategy hybrid"),
@@ -203,7 +208,11 @@ def test_moe_with_adam_equals_single_within_adams_noise(kw):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
-    [dict(strategy="pipeline", devices=2, microbatches=4), dict(strategy="single", microbatches=4)],
+    [
+        dict(strategy="pipeline", devices=2, microbatches=4),
+        dict(strategy="single", microbatches=4),
+        dict(strategy="fsdp", devices=2, microbatches=2),
+    ],
 )
 def test_microbatched_steps_report_the_whole_batchs_dropped_tokens(kw):
     """A step of 4 microbatches reports the mean of their statistics (the whole batch's,

@@ -178,6 +178,11 @@ def plan(
             f"--strategy {strategy} does not support {model.name} (BatchNorm statistics would "
             "stay on the workers); use mlp, lenet5, lstm_lm or transformer"
         )
+    if not traits.batch_stats and model.experts:
+        raise UsageError(
+            f"--strategy {strategy} keeps no model state on its workers, where {model.name}'s "
+            "routers count their dropped tokens; use --strategy data, fsdp or hybrid"
+        )
     if model.experts and not traits.whole_sequences:
         raise UsageError(
             f"--strategy {strategy} gives each device a piece of every sequence, and "
@@ -205,6 +210,7 @@ def plan(
         raise UsageError(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
+    check_experts(spec, mesh, model)
     check_layers(mesh, model, rules, spec.mesh)
     check_sequence(spec, mesh, model)
     chunks, cuts = spec.chunks, ()
@@ -319,6 +325,25 @@ def check_layers(
                     )
 
 
+def check_experts(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
+    """An ``expert`` axis splits the experts of a mixture-of-experts model: there must be
+    some, in a number the degree divides, under the default rules."""
+    if mesh.expert == 1:
+        return
+    if not model.experts:
+        raise UsageError(
+            f"an expert axis splits the experts of a mixture-of-experts model, and "
+            f"{model.name} has none; use --model moe"
+        )
+    if model.experts % mesh.expert:
+        raise UsageError(
+            f"expert={mesh.expert} does not divide the {model.experts} experts of "
+            f"{model.name}; use a degree dividing {model.experts} or --model-opt experts=N"
+        )
+    if spec.preset:
+        raise UsageError(f"--preset {spec.preset} does not combine with an expert axis")
+
+
 def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
     """A ``context`` axis and ``--sequence-parallel`` split the sequence: the model must have
     one that only attention mixes, of a length the degree divides (and, for Ulysses'
@@ -348,17 +373,6 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
         raise UsageError(
             "--sequence-parallel and a context axis both split the sequence; use one of them"
         )
-    if mesh.expert > 1:
-        if not model.experts:
-            raise UsageError(
-                f"an expert axis splits the experts of a mixture-of-experts model, and "
-                f"{model.name} has none; use --model moe"
-            )
-        if model.experts % mesh.expert:
-            raise UsageError(
-                f"expert={mesh.expert} does not divide the {model.experts} experts of "
-                f"{model.name}; use a degree dividing {model.experts} or --model-opt experts=N"
-            )
 
 
 def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:

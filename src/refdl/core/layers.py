@@ -255,10 +255,11 @@ class Embed(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class SequenceShard:
-    """How a device's piece of the sequence sits in the whole, while tracing inside
-    ``shard_map`` with the sequence split (context parallelism, ``refdl.parallel.context``):
-    ``positions(t)`` gives the global positions of the ``t`` local tokens and
-    ``attention(q, k, v)`` is causal attention of the local queries over the whole sequence."""
+    """How the traced tokens sit in the sequence when it is split (context parallelism,
+    ``refdl.parallel.context``): ``positions(t)`` gives the places in the sequence of the
+    ``t`` tokens traced, and ``attention(q, k, v)`` is causal attention of their queries over
+    the whole sequence. Inside ``shard_map`` (``whole`` False) those are one device's piece;
+    under ``jax.jit`` shardings (``whole`` True, ``hybrid``) all ``T``, in the held order."""
 
     positions: Callable[[int], Array]
     attention: Callable[[Array, Array, Array], Array]

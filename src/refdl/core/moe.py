@@ -16,8 +16,9 @@ of its choices that went to expert ``e``; ``P_e``: its mean router probability f
 ``e``), averaged over sequences like the loss, times ``aux_weight``. It enters the
 gradient where the layer is (``with_loss``), so it reaches the router in every strategy,
 pipeline stages included; the ``loss`` refdl reports stays the cross-entropy. The layer
-keeps the step's ``tokens_dropped_fraction`` and ``router_aux_loss`` in its ``moe``
-collection (averaged over the devices' shards under ``batch_axis``).
+keeps the step's ``tokens_dropped_fraction`` - the share of the (token, expert) choices
+dropped, so a token losing one of its two experts counts a half - and ``router_aux_loss``
+in its ``moe`` collection (averaged over the devices' shards under ``batch_axis``).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def route(
     in the sequence when they are held in another order (else their index)."""
     experts = probs.shape[-1]
     gates, chosen = jax.lax.top_k(probs, top_k)  # [B, T, k]
-    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+    if top_k > 1:  # top-1 keeps its probability (Switch), else its gate would be 1
+        gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     onehot = jax.nn.one_hot(chosen, experts, dtype=jnp.int32)  # [B, T, k, E]
     natural = onehot if positions is None else onehot[:, jnp.argsort(positions)]
     b, t, k, e = natural.shape

@@ -227,6 +227,11 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
     allreduce of each replica's 1/(model x pipe) share of the gradients."""
     mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
+    if mesh.context > 1 or mesh.expert > 1:
+        raise UsageError(
+            "the cost model does not know the context and expert axes yet (issue 35); "
+            "predict with data, model and pipe"
+        )
     d, tp, pp = mesh.data, mesh.model, mesh.pipe
     b = batch / d
     t = compute_time(

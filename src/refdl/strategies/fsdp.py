@@ -43,6 +43,7 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import Embed, PositionalEmbed, batch_axis
 from refdl.core.losses import LOSSES
+from refdl.core.moe import step_stats, with_step_stats
 from refdl.core.state import TrainState, to_host
 from refdl.parallel.sharded import flat_pad, gather, gathered, padded, scatter, scattered, unflat
 from refdl.strategies.base import Batch, History, Strategy, last, memory_of, register
@@ -173,14 +174,17 @@ class FSDP(Strategy):
             return loss_of(out, mb["y"]), new_state
 
         wrt = stage.arguments_of(state.params, sinks)
-        model_state, losses, grads = state.model_state, [], None
+        model_state, losses, grads, stats = state.model_state, [], None, []
         with batch_axis(AXIS):
             for mb in _microbatches(batch, self.m):
                 (loss, model_state), g = jax.value_and_grad(loss_fn, has_aux=True)(
                     wrt, model_state, mb
                 )
                 losses.append(loss)
+                stats.append(step_stats(model_state))
                 grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+        # mixture-of-experts statistics: the step's, the mean over its microbatches
+        model_state = with_step_stats(model_state, jax.tree.map(lambda *v: sum(v) / self.m, *stats))
         grads = stage.reduce(grads, self.p)
         grads = jax.tree.map(lambda g: g / (self.p * self.m), grads)  # the global mean
         shards = stage.shards_of(state.params, jax.lax.axis_index(AXIS), self.p)

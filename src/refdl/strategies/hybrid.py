@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Plan, Traits
-from refdl.config.rules import param_spec
+from refdl.config.rules import degree, param_spec
 from refdl.core import conv
 from refdl.core.layers import residual_layout, sequence_shard
 from refdl.core.moe import expert_shard, moe_layers
@@ -46,7 +46,8 @@ from refdl.strategies.pipeline import Pipeline
 
 @register("hybrid")
 class Hybrid(Strategy):
-    """Data x model x pipe parallelism on one mesh, collectives placed by XLA."""
+    """Data x fsdp x expert x context x model x pipe on one mesh, collectives placed by XLA
+    (attention over ``context`` and the experts' all-to-alls in ``shard_map``)."""
 
     traits = Traits(
         axes=("data", "fsdp", "expert", "context", "model", "pipe"),
@@ -152,7 +153,10 @@ class Hybrid(Strategy):
         mesh, n = self.plan.mesh, len(self.devices)
         if mesh.context == 1 and mesh.expert == 1:
             return {}
-        b, t = self.spec.batch_size // self.batch_degree, np.shape(self.task.sample_x)[1]
+        b, t = (
+            self.spec.batch_size // degree(self.plan.mesh, self.plan.batch_axes),
+            np.shape(self.task.sample_x)[1],
+        )
         d = jax.tree.leaves(self.task.abstract_state().params["00_embed"])[0].shape[1]
         blocks = sum(hasattr(layer, "num_heads") for layer in self.task.model.layers)
         out = {}
@@ -165,13 +169,6 @@ class Hybrid(Strategy):
                 for ffn in moe_layers(self.task.model)
             )
         return out
-
-    @property
-    def batch_degree(self) -> int:
-        """How many ways the batch is split (its mesh axes' product)."""
-        axes = self.plan.batch_axes
-        names = (axes,) if isinstance(axes, str) else axes
-        return int(np.prod([self.plan.mesh.as_dict()[a] for a in names]))
 
     def summary(self, history: History) -> dict[str, Any]:
         out = {
@@ -199,4 +196,8 @@ class HybridPipeline(Pipeline):
     traits = Hybrid.traits
 
     def summary(self, history: History) -> dict[str, Any]:
-        return {**super().summary(history), "preset": "tensor"}
+        out = {**super().summary(history), "preset": "tensor"}
+        if self.order is not None:
+            out["cp"] = self.spec.cp
+            out["load_balance"] = "zig-zag: device i holds chunks i and 2c-1-i of 2c"
+        return out
