@@ -134,18 +134,24 @@ class Flatten(nn.Module):
         return x.reshape(x.shape[0], -1)
 
 
-_BATCH_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_axis", default=None)
-
-
 @contextlib.contextmanager
-def batch_axis(name: str | None) -> Iterator[None]:
-    """While tracing inside ``shard_map``, name the mesh axis the batch is split over, so
-    BatchNorm averages its statistics over the whole global batch (as ``single`` does)."""
-    token = _BATCH_AXIS.set(name)
+def scoped(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` inside the ``with`` block (the hooks strategies set while
+    their programs are traced), restored after."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _BATCH_AXIS.reset(token)
+        var.reset(token)
+
+
+_BATCH_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_axis", default=None)
+
+
+def batch_axis(name: str | None) -> contextlib.AbstractContextManager[None]:
+    """While tracing inside ``shard_map``, name the mesh axis the batch is split over, so
+    BatchNorm averages its statistics over the whole global batch (as ``single`` does)."""
+    return scoped(_BATCH_AXIS, name)
 
 
 def batch_mean(x: Array) -> Array:
@@ -278,25 +284,17 @@ _RESIDUAL: contextvars.ContextVar[Callable[[Array], Array] | None] = contextvars
 )
 
 
-@contextlib.contextmanager
-def sequence_shard(shard: SequenceShard | None) -> Iterator[None]:
+def sequence_shard(shard: SequenceShard | None) -> contextlib.AbstractContextManager[None]:
     """While tracing, the model's positions and attention see the sequence as ``shard``."""
-    token = _SEQUENCE.set(shard)
-    try:
-        yield
-    finally:
-        _SEQUENCE.reset(token)
+    return scoped(_SEQUENCE, shard)
 
 
-@contextlib.contextmanager
-def residual_layout(constrain: Callable[[Array], Array] | None) -> Iterator[None]:
+def residual_layout(
+    constrain: Callable[[Array], Array] | None,
+) -> contextlib.AbstractContextManager[None]:
     """While tracing, pass the residual stream through ``constrain`` (a sharding constraint)
     at each block's input and after each residual add."""
-    token = _RESIDUAL.set(constrain)
-    try:
-        yield
-    finally:
-        _RESIDUAL.reset(token)
+    return scoped(_RESIDUAL, constrain)
 
 
 def sequence_now() -> SequenceShard | None:

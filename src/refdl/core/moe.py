@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refdl.core.layers import batch_mean, param, sequence_now
+from refdl.core.layers import batch_mean, param, scoped, sequence_now
 
 Array = jax.Array
 PyTree = Any
@@ -56,14 +56,9 @@ _EXPERTS: contextvars.ContextVar[ExpertShard | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def expert_shard(shard: ExpertShard | None) -> Iterator[None]:
+def expert_shard(shard: ExpertShard | None) -> contextlib.AbstractContextManager[None]:
     """While tracing, the mixture-of-experts layers reach their experts through ``shard``."""
-    token = _EXPERTS.set(shard)
-    try:
-        yield
-    finally:
-        _EXPERTS.reset(token)
+    return scoped(_EXPERTS, shard)
 
 
 def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
@@ -78,15 +73,10 @@ def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
 _SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("loss_scale", default=1.0)
 
 
-@contextlib.contextmanager
-def loss_scale(scale: float) -> Iterator[None]:
+def loss_scale(scale: float) -> contextlib.AbstractContextManager[None]:
     """While tracing, each (micro)batch's backward pass differentiates ``scale × loss``
     (the pipeline's ``1/microbatches``), so a loss added by ``with_loss`` is scaled alike."""
-    token = _SCALE.set(scale)
-    try:
-        yield
-    finally:
-        _SCALE.reset(token)
+    return scoped(_SCALE, scale)
 
 
 def with_loss(y: Array, loss: Array) -> Array:
