@@ -41,6 +41,7 @@ from refdl.core.layers import SequenceShard
 
 Array = jax.Array
 MODES = ("ring", "all-to-all")
+LOAD_BALANCE = "zig-zag: device i holds chunks i and 2c-1-i of 2c"  # the summaries' words
 
 
 def zigzag_order(length: int, c: int) -> np.ndarray:
@@ -150,6 +151,13 @@ def sequence_split(mesh: Any, batch_axes: Any) -> Callable[[Array], Array]:
     tokens and XLA gathers the sequence into each pair and scatters it out of each."""
     split = NamedSharding(mesh, P(batch_axes, "model", None))
     return lambda x: jax.lax.with_sharding_constraint(x, split)
+
+
+def attention_widths(params: Any) -> list[int]:
+    """``d_model`` of every attention layer of ``params`` (its query projection ``wq``,
+    ``[d_model, heads, head_dim]``), in order."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return [w.shape[0] for path, w in flat if getattr(path[-1], "key", None) == "wq"]
 
 
 def attention_bytes(mode: str, c: int, local_values: int, layers: int) -> int:

@@ -51,6 +51,13 @@ def expert_parallel(mesh: Any, batch_axes: Any) -> ExpertShard:
     return ExpertShard(run=run)
 
 
+def expert_widths(params: Any) -> list[tuple[int, int]]:
+    """``(experts, d_model)`` of every mixture-of-experts layer of ``params`` (its first
+    weights ``w1``, ``[E, d_model, F]``), in order."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return [w.shape[:2] for path, w in flat if getattr(path[-1], "key", None) == "w1"]
+
+
 def expert_bytes(
     devices: int, ep: int, local_buffer_values: int, layers: int, itemsize: int = 4
 ) -> int:

@@ -25,7 +25,13 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import param_count, sequence_shard
 from refdl.core.state import TrainState
-from refdl.parallel.context import attention_bytes, context_shard, zigzag_order
+from refdl.parallel.context import (
+    LOAD_BALANCE,
+    attention_bytes,
+    attention_widths,
+    context_shard,
+    zigzag_order,
+)
 from refdl.strategies.base import Batch, History, Strategy, register
 
 AXIS = "context"
@@ -87,11 +93,9 @@ class ContextParallel(Strategy):
         """What the attention and the gradient average should move per step (all devices)."""
         b, t = self.spec.batch_size, np.shape(self.task.sample_x)[1]
         params = self.task.abstract_state().params
-        flat = jax.tree_util.tree_flatten_with_path(params)[0]
-        queries = [w for path, w in flat if getattr(path[-1], "key", None) == "wq"]
-        attention = sum(  # one query projection [d_model, heads, head_dim] per layer
-            attention_bytes(self.spec.cp, self.c, b * (t // self.c) * w.shape[0], 1)
-            for w in queries
+        attention = sum(
+            attention_bytes(self.spec.cp, self.c, b * (t // self.c) * d, 1)
+            for d in attention_widths(params)
         )
         grads = analytic_bytes("ring", 4 * param_count(params), self.c)
         return {"attention": attention, "gradients": grads, "total": attention + grads}
@@ -103,7 +107,7 @@ class ContextParallel(Strategy):
         return {
             "mesh": self.plan.mesh.as_dict(),
             "cp": self.spec.cp,
-            "load_balance": "zig-zag: device i holds chunks i and 2c-1-i of 2c",
+            "load_balance": LOAD_BALANCE,
             "microbatches": self.plan.microbatches,
             "comm_bytes_per_step": self.comm.get("total"),
             "comm_bytes_per_step_analytic": self.analytic_comm_bytes()["total"],

@@ -35,11 +35,11 @@ from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Plan, Traits
 from refdl.config.rules import degree, param_spec
 from refdl.core import conv
-from refdl.core.layers import residual_layout, sequence_shard
-from refdl.core.moe import expert_shard, moe_layers
+from refdl.core.moe import moe_layers
 from refdl.core.state import TrainState
-from refdl.parallel.context import attention_bytes, context_attention, sequence_split, zigzag_order
-from refdl.parallel.expert import expert_bytes, expert_parallel
+from refdl.parallel.context import LOAD_BALANCE, attention_bytes, attention_widths
+from refdl.parallel.expert import expert_bytes, expert_widths
+from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
 from refdl.strategies.base import Batch, History, Strategy, register
 from refdl.strategies.pipeline import Pipeline
 
@@ -77,10 +77,8 @@ class Hybrid(Strategy):
         super().__init__(task, spec, plan, devices, batches)
         self.mesh = plan.mesh.make(devices)
         self.replicated = NamedSharding(self.mesh, P())
-        mesh, t = plan.mesh, np.shape(task.sample_x)[1:2]
-        self.order = zigzag_order(t[0], mesh.context) if mesh.context > 1 else None
-        dims = (plan.batch_axes, "context") if mesh.context > 1 else (plan.batch_axes,)
-        self.batch_sharding = NamedSharding(self.mesh, P(*dims))
+        self.order = token_order(plan, task.sample_x)
+        self.batch_sharding = NamedSharding(self.mesh, P(*batch_dims(plan, self.order)))
         abstract = task.abstract_state()
         self.shardings = self.state_shardings(abstract)
         step = self.jit(
@@ -91,17 +89,7 @@ class Hybrid(Strategy):
         )
         batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
                  for k, v in self.abstract_batch().items()}  # fmt: skip
-        layout = sequence_split(self.mesh, plan.batch_axes) if spec.sequence_parallel else None
-        split = None
-        if self.order is not None:
-            split = context_attention(spec.cp, self.mesh, plan.batch_axes, self.order)
-        experts = expert_parallel(self.mesh, plan.batch_axes) if mesh.expert > 1 else None
-        with (
-            conv.xla_only(mesh.model > 1),
-            residual_layout(layout),
-            sequence_shard(split),
-            expert_shard(experts),
-        ):
+        with conv.xla_only(plan.mesh.model > 1), traced_on(self.mesh, plan, spec, self.order):
             self._step = step.lower(abstract, batch).compile()
         self.comm = collective_bytes(self._step.as_text(), len(devices))
 
@@ -136,8 +124,7 @@ class Hybrid(Strategy):
         return jax.device_put(host_state, self.shardings)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-        if self.order is not None:  # each device's zig-zag chunks, contiguous
-            batch = {k: np.asarray(v)[:, self.order.reshape(-1)] for k, v in batch.items()}
+        batch = in_order(batch, self.order)
         state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))
         if self.serialize_steps:
             jax.block_until_ready(state)
@@ -153,20 +140,20 @@ class Hybrid(Strategy):
         mesh, n = self.plan.mesh, len(self.devices)
         if mesh.context == 1 and mesh.expert == 1:
             return {}
-        b, t = (
-            self.spec.batch_size // degree(self.plan.mesh, self.plan.batch_axes),
-            np.shape(self.task.sample_x)[1],
-        )
-        d = jax.tree.leaves(self.task.abstract_state().params["00_embed"])[0].shape[1]
-        blocks = sum(hasattr(layer, "num_heads") for layer in self.task.model.layers)
+        b = self.spec.batch_size // degree(mesh, self.plan.batch_axes)  # per device
+        t, c = np.shape(self.task.sample_x)[1], mesh.context
+        params = self.task.abstract_state().params
         out = {}
-        if mesh.context > 1:
-            c = mesh.context
-            out["context"] = attention_bytes(self.spec.cp, c, b * t // c * d, blocks) * n // c
+        if c > 1:  # each of the n/c rings moves the context strategy's bytes
+            out["context"] = sum(
+                attention_bytes(self.spec.cp, c, b * t // c * d, 1) * n // c
+                for d in attention_widths(params)
+            )
         if mesh.expert > 1:
+            slots = [ffn.slots(t) for ffn in moe_layers(self.task.model)]
             out["expert"] = sum(
-                expert_bytes(n, mesh.expert, b * ffn.experts * ffn.slots(t) * d, 1)
-                for ffn in moe_layers(self.task.model)
+                expert_bytes(n, mesh.expert, b * e * s * d, 1)
+                for (e, d), s in zip(expert_widths(params), slots, strict=True)
             )
         return out
 
@@ -181,7 +168,7 @@ class Hybrid(Strategy):
         }
         if self.order is not None:
             out["cp"] = self.spec.cp
-            out["load_balance"] = "zig-zag: device i holds chunks i and 2c-1-i of 2c"
+            out["load_balance"] = LOAD_BALANCE
         analytic = self.analytic_comm_bytes()
         if analytic:
             out["comm_bytes_per_step_analytic_by_axis"] = analytic
@@ -199,5 +186,5 @@ class HybridPipeline(Pipeline):
         out = {**super().summary(history), "preset": "tensor"}
         if self.order is not None:
             out["cp"] = self.spec.cp
-            out["load_balance"] = "zig-zag: device i holds chunks i and 2c-1-i of 2c"
+            out["load_balance"] = LOAD_BALANCE
         return out

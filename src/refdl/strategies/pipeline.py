@@ -42,14 +42,12 @@ from refdl.config.mesh import AXES
 from refdl.config.plan import Traits
 from refdl.config.rules import param_spec
 from refdl.core import conv
-from refdl.core.layers import residual_layout, sequence_shard
 from refdl.core.losses import LOSSES
-from refdl.core.moe import expert_shard, loss_scale
+from refdl.core.moe import loss_scale
 from refdl.core.state import TrainState
-from refdl.parallel.context import context_attention, sequence_split, zigzag_order
-from refdl.parallel.expert import expert_parallel
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
+from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
 from refdl.strategies.base import Batch, History, Strategy, register, steady_median
 from refdl.strategies.pipeline_walk import Recorder, Walk
 
@@ -99,8 +97,7 @@ class Pipeline(Strategy):
         self.k_last = p * v - 1
         self.device = [device_of(spec.schedule, p, k)[0] for k in range(p * v)]
         self.abstract = task.abstract_state()  # the whole state's structure, for gather_state
-        c = plan.mesh.context  # tokens in zig-zag order, each stage's sequence over context
-        self.order = zigzag_order(np.shape(task.sample_x)[1], c) if c > 1 else None
+        self.order = token_order(plan, task.sample_x)  # a context axis's token order
         self._clock = StepClock(spec.log_every or MEASURE_EVERY)  # the steps it times
         self.shardings = [
             self.state_sharding(k, self.stage_state(self.abstract, k))
@@ -111,22 +108,8 @@ class Pipeline(Strategy):
     def act_sharding(self, k: int) -> NamedSharding:
         """Where virtual stage ``k``'s inputs live: its sub-mesh, the batch split as the plan
         says (``data``, or ``data x fsdp``; with ``expert``), the sequence over ``context``."""
-        dims = (
-            (self.plan.batch_axes, "context") if self.order is not None else (self.plan.batch_axes,)
-        )
+        dims = batch_dims(self.plan, self.order)
         return NamedSharding(self.submeshes[self.device[k]], P(*dims))
-
-    def hooks(self, mesh: Mesh) -> tuple[Any, Any, Any]:
-        """What a stage's programs are traced under on its sub-mesh ``mesh``: the residual
-        stream's layout (sequence parallelism), the sequence's split (``context``) and the
-        experts' (``expert``); None where the plan has none."""
-        axes, degrees = self.plan.batch_axes, self.plan.mesh
-        layout = sequence_split(mesh, axes) if self.spec.sequence_parallel else None
-        split = None
-        if self.order is not None:
-            split = context_attention(self.spec.cp, mesh, axes, self.order)
-        experts = expert_parallel(mesh, axes) if degrees.expert > 1 else None
-        return layout, split, experts
 
     def state_sharding(self, k: int, st: TrainState) -> TrainState:
         """Virtual stage ``k``'s state on its sub-mesh: parameters (and their optimizer
@@ -160,17 +143,12 @@ class Pipeline(Strategy):
             """Chunk ``chunk``'s programs: forward; backward (both gradients); and the split
             backward's input-gradient and weight-gradient halves. On the last virtual stage
             the output gradient is the scaled loss's, so ``g`` is the labels there.
-            ``mesh``: the stage's sub-mesh, where its hooks run (``hooks``)."""
-            layout, split, experts = self.hooks(mesh)
+            ``mesh``: the stage's sub-mesh, which its programs are traced on
+            (``refdl.parallel.tracing.traced_on``)."""
 
             def apply(p_, state, x_):
-                with (  # traced at the first call
-                    residual_layout(layout),
-                    sequence_shard(split),
-                    expert_shard(experts),
-                    loss_scale(scale),
-                ):
-                    return chunk.apply(p_, state, x_, train=True)
+                with traced_on(mesh, self.plan, self.spec, self.order), loss_scale(scale):
+                    return chunk.apply(p_, state, x_, train=True)  # traced at the first call
 
             def out(p_, state, x_, g):
                 y = apply(p_, state, x_)[0]
@@ -259,8 +237,7 @@ class Pipeline(Strategy):
     def _walk(self, state: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
         """One step: the table walked, an operation at a time (``pipeline_walk``), then each
         stage's optimizer update."""
-        if self.order is not None:  # each device's zig-zag chunks, contiguous
-            batch = {k: np.asarray(v)[:, self.order.reshape(-1)] for k, v in batch.items()}
+        batch = in_order(batch, self.order)
         # Every microbatch's input to the first stage and labels to the last, in one
         # transfer each (a device_put per microbatch cost ~100 us of host time apiece).
         xs = jax.device_put(np.split(batch["x"], self.m), self.act_sharding(0))
