@@ -13,6 +13,10 @@ alone (replacing one that is there):
   with no calibration collective of that library takes the median of the library's
   fitted links of its kind (NVLink or PCIe inside a node, network between nodes), said
   in its source (no NCCL figures for a network without GPUs);
+- per device and dtype, the fraction of peak that predicts the calibration part's
+  ``parallel`` points (GPT-scale transformers on a stated layout) through
+  ``refdl predict --strategy hybrid`` (op class ``transformer``,
+  ``refdl.bench.parallel_points.fit``), with the links' fitted figures;
 - memory: 0.9 of the datasheet bandwidth (a device-to-device copy on the lent H100
   moved 3.0 of 3.35 TB/s, ``/work/.library/device/KINDS.md``, 2026-11-13).
 
@@ -30,7 +34,16 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from refdl import hw
-from refdl.bench.published import DATA, REFERENCE_MODEL, fit_links, fit_steps, load
+from refdl.bench import parallel_points
+from refdl.bench.published import (
+    DATA,
+    PRECISION,
+    REFERENCE_MODEL,
+    _library,
+    fit_links,
+    fit_steps,
+    load,
+)
 from refdl.hw.profile import LIBRARIES
 from refdl.perf import architectures
 
@@ -102,6 +115,19 @@ def block(name: str, devices: dict, links: dict, medians: dict, today: str) -> s
     return "\n".join(lines) + "\n"
 
 
+def write(devices: dict, links: dict, medians: dict, today: str) -> None:
+    """Each GPU profile's and network's ``[achieved]`` block, in place of the old one."""
+    for name in hw.names():
+        if name in CPU:
+            continue
+        path = PROFILES / f"{name}.toml"
+        text = path.read_text()
+        if "\n[achieved]" in text:
+            text = text[: text.index("\n[achieved]") + 1]
+        path.write_text(text.rstrip("\n") + "\n\n" + block(name, devices, links, medians, today))
+        print(f"{name}: written", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DATA))
@@ -137,13 +163,11 @@ def main(argv: list[str] | None = None) -> int:
             "names": ", ".join(n for n, _ in vs)}
         for k, vs in medians.items()
     }  # fmt: skip
-    for name in hw.names():
-        if name in CPU:
-            continue
-        path = PROFILES / f"{name}.toml"
-        text = path.read_text().rstrip("\n")
-        path.write_text(text + "\n\n" + block(name, devices, links, medians, today))
-        print(f"{name}: written", file=sys.stderr)
+    write(devices, links, medians, today)
+    # large transformer layers: the parallel points predicted with the links just written
+    # (the device fraction is the fit's variable), then written beside the others
+    devices.update(parallel_points.fit(points, PRECISION, _library))
+    write(devices, links, medians, today)
     for k, v in devices.items():
         print(f"device {k}: {v['fraction']:.3f} ({v['points']} points)")
     for k, v in models.items():

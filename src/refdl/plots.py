@@ -86,12 +86,14 @@ def throughput(result: dict[str, Any], frameworks: tuple[str, ...], path: str | 
 
 
 def published(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Predicted against published, log-log: collective and step times (s) on the left,
-    scaling efficiencies on the right; held-out points filled, calibration hollow."""
+    """Predicted against published, log-log: collective, step and parallel-run times (s)
+    on the left, scaling efficiencies on the right; held-out points filled, calibration
+    hollow."""
     fig = Figure(figsize=(11, 4.8))
     a, b = fig.subplots(1, 2)
-    colors = {"collective": "tab:blue", "step": "tab:orange", "scaling": "tab:green"}
-    for ax, kinds in ((a, ("collective", "step")), (b, ("scaling",))):
+    colors = {"collective": "tab:blue", "step": "tab:orange", "scaling": "tab:green",
+              "parallel": "tab:purple"}  # fmt: skip
+    for ax, kinds in ((a, ("collective", "step", "parallel")), (b, ("scaling",))):
         lo, hi = math.inf, 0.0
         for kind in kinds:
             for part in ("calibration", "heldout"):
@@ -112,7 +114,7 @@ def published(rows: list[dict[str, Any]], path: str | Path) -> Path:
         ax.legend(fontsize=7)
     a.set_xlabel("published time (s)")
     a.set_ylabel("predicted time (s)")
-    a.set_title("collectives and single-device steps (dotted: ±20 %)")
+    a.set_title("collectives, single-device steps, parallel runs (dotted: ±20 %)")
     b.set_xlabel("published efficiency")
     b.set_ylabel("predicted efficiency")
     b.set_title("data-parallel scaling efficiency")

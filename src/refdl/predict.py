@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from typing import Any
 
@@ -42,7 +43,7 @@ from refdl.perf.collectives import (
 from refdl.perf.costs import COSTS
 from refdl.perf.model_cost import model_cost
 from refdl.perf.overlap import DDP_BUCKET_BYTES
-from refdl.perf.zoo import SHAPE_MODELS
+from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS
 from refdl.strategies import traits_of
 
 PROG = "refdl.predict"
@@ -94,7 +95,7 @@ def predict_steps(
             raise UsageError(f"{flag} must be {problem}")
     if not workers or any(Int(min=1, max=1 << 20).problem(w) for w in workers):
         raise UsageError(f"--workers must be integers >= 1 (got {workers})")
-    opts = (opts or PredictOptions()).validate()
+    opts = dataclasses.replace(opts or PredictOptions(), precision=precision).validate()
     traits = traits_of(strategy)
     if traits.servers and opts.servers > max(workers):
         raise UsageError(
@@ -149,14 +150,30 @@ def predict_steps(
                 "speedup": speedup,
                 "efficiency": speedup / w,
                 "memory_bytes": c.memory_bytes,
+                "fits_memory": c.memory_bytes <= profile.device.memory_bytes
+                if profile.device.memory_bytes
+                else None,
                 "flops_per_device": c.flops,
                 "params": m.params,
+                **_by_axis(c),
             }
         )
     if note := scope_note(profile, workers):
         for r in rows:
             r["note"] = note
     return rows
+
+
+def _by_axis(c: Any) -> dict[str, Any]:
+    """``comm_by_axis``: each axis's seconds on its link, seconds exposed, bytes sent by a
+    device, and its share of the step's exposed communication (where the formula splits
+    it by axis)."""
+    if not c.comm_by_axis:
+        return {}
+    total = sum(e for _, _, e, _ in c.comm_by_axis)
+    return {"comm_by_axis": {
+        axis: {"time_s": t, "exposed_s": e, "bytes": n, "share": e / total if total else 0.0}
+        for axis, t, e, n in c.comm_by_axis}}  # fmt: skip
 
 
 def _step_interval(profile: Any, precision: str, t: float) -> dict[str, float | None]:
@@ -272,14 +289,22 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="data")
     p.add_argument("--model", required=True, help="a shape-only model or a refdl model")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", default="1,2,4,8", help="a list like 1,2,4,8")
+    p.add_argument(
+        "--workers",
+        help="a list like 1,2,4,8 (default 1,2,4,8, or the size of a "
+        "--mesh that names every degree)",
+    )
     p.add_argument("--scaling", default="strong", help="strong (global batch) or weak")
     p.add_argument("--allreduce", default="ring")
     p.add_argument("--microbatches", type=int, help="pipeline, hybrid: default 4; fsdp: default 1")
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--chunks", type=int, default=1)
     p.add_argument("--zero", type=int, default=3, help="fsdp: ZeRO stage 1, 2 or 3")
-    p.add_argument("--mesh", help="hybrid: data=..,model=..,pipe=.. (default model=2)")
+    p.add_argument(
+        "--mesh",
+        help="hybrid: data=..,fsdp=..,model=..,context=..,expert=..,"
+        "pipe=.. (default model=2, data=the rest)",
+    )
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--ps-mode", default="sync")
     p.add_argument("--topology", default="ring")
@@ -292,6 +317,13 @@ def _step_parser() -> argparse.ArgumentParser:
         "profile has achieved figures, else none)",
     )
     p.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
+    p.add_argument("--cp", default="ring", help="context attention: ring or all-to-all")
+    p.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="transformers: Megatron's sequence parallelism in the model axis",
+    )
+    p.add_argument("--remat", default="none", help="none, selective or full recomputation")
     p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
@@ -301,7 +333,7 @@ def _step_parser() -> argparse.ArgumentParser:
 def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
     try:
-        workers = _ints(args.workers)
+        workers = _ints(args.workers or _mesh_size(args.mesh) or "1,2,4,8")
         words = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
         if args.optimizer not in words:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
@@ -321,6 +353,9 @@ def _step_main(argv: list[str]) -> int:
             topology=args.topology,
             optimizer_words=words[args.optimizer],
             overlap=0.0 if args.overlap is None else args.overlap,
+            cp=args.cp,
+            sequence_parallel=args.sequence_parallel,
+            remat=args.remat,
         )
         rows = predict_steps(
             args.hw, args.strategy, args.model, args.batch_size, workers, args.scaling, opts,
@@ -356,6 +391,18 @@ def _step_main(argv: list[str]) -> int:
             f"{r['throughput']:10.1f} {r['speedup']:8.2f} {r['efficiency']:6.2f} "
             f"{r['memory_bytes'] / 1e9:7.2f}"
         )
+    for r in rows:
+        if r["fits_memory"] is False:
+            print(
+                f"{r['workers']:5d} needs {r['memory_bytes'] / 1e9:.2f} GB per device, more than "
+                f"the device's {hw.load(args.hw).device.memory_bytes / 1e9:.0f} GB"
+            )
+        if "comm_by_axis" in r:
+            print(f"{r['workers']:5d} comm by axis (exposed ms, share): " + ", ".join(
+                f"{a} {v['exposed_s'] * 1e3:.3f} ({v['share']:.0%})"
+                + (f" of {v['time_s'] * 1e3:.3f} on the link" if v["time_s"] > v["exposed_s"]
+                   else "")
+                for a, v in r["comm_by_axis"].items()))  # fmt: skip
     if "note" in rows[0]:
         print(f"note: {rows[0]['note']}")
     return 0
@@ -366,6 +413,17 @@ def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3
     if lo is None or hi is None:
         return f"{t * 1e3:.{digits}f}"
     return f"{t * 1e3:.{digits}f} [{lo * 1e3:.{digits}f}, {hi * 1e3:.{digits}f}]"
+
+
+def _mesh_size(mesh: str | None) -> str | None:
+    """The devices a ``--mesh`` with every degree given spans (None with a ``-1``)."""
+    if not mesh:
+        return None
+    try:
+        degrees = [int(part.split("=", 1)[1]) for part in mesh.split(",") if part.strip()]
+    except (IndexError, ValueError):
+        return None  # MeshSpec.parse says what is wrong
+    return str(math.prod(degrees)) if degrees and min(degrees) >= 1 else None
 
 
 def _ints(text: str) -> list[int]:
@@ -387,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "models":
         for name in SHAPE_MODELS.names():
             print(f"{name:16s} {SHAPE_MODELS.get(name).doc} (shape-only)")
+        for name in TRANSFORMERS.names():
+            if name not in SHAPE_MODELS.names():
+                print(f"{name:16s} {TRANSFORMERS.get(name).doc} (transformer shape)")
         for name in MODELS.names():
             print(f"{name:16s} {MODELS.get(name).doc} (refdl model, default data set)")
         return 0

@@ -31,6 +31,7 @@ from statistics import median
 from typing import Any
 
 from refdl import hw
+from refdl.bench import parallel_points
 from refdl.errors import UsageError
 from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
@@ -67,6 +68,7 @@ class Point:
     batch: int | None = None
     where: str = ""
     not_predicted: str = ""  # the data set's own reason, where refdl models no such run
+    layout: dict = dataclasses.field(default_factory=dict)  # parallel: refdl.bench.parallel_points
 
 
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
@@ -79,6 +81,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--data {path}: not valid TOML ({e})") from None
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
+    parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
     for i, p in enumerate(raw.get("point", [])):
         if p.get("source") not in parts:
@@ -102,6 +105,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 batch=p.get("batch_per_worker"),
                 where=p.get("where", ""),
                 not_predicted=p.get("not_predicted", ""),
+                layout={k: p[k] for k in parallel_points.LAYOUT if k in p},
             )
         )
     return points, raw.get("split", {})
@@ -163,6 +167,23 @@ def step_times(p: Point) -> tuple[float, float]:
     return row["step_time_s"], row["bound_step_time_s"]
 
 
+def parallel_times(p: Point) -> tuple[float, tuple[float, float]]:
+    """(published, (expected, bound)) seconds of a parallel point's step: the hybrid
+    formula on its layout (``refdl.bench.parallel_points``) with the profile's achieved
+    figures, and with peaks and full overlap."""
+    from refdl.predict import predict_steps
+
+    precision = PRECISION[p.precision]
+    opts = parallel_points.options(p, precision)
+    row = predict_steps(p.hw, "hybrid", p.model, parallel_points.layout(p)["global_batch"],
+                        [p.workers], opts=opts, precision=precision,
+                        library=_library(p, hw.load(p.hw)))[0]  # fmt: skip
+    return parallel_points.published_time(p, precision), (
+        row["step_time_s"],
+        row["bound_step_time_s"],
+    )
+
+
 def efficiencies(p: Point, base_workers: int) -> dict[str, float]:
     """Predicted weak-scaling efficiency at ``p.workers`` relative to ``base_workers``:
     expected (bucketed overlap), and the no-overlap / full-overlap extremes; full overlap
@@ -195,8 +216,10 @@ def _skip(p: Point) -> str | None:
         return "no refdl profile for this machine"
     if p.kind == "collective" and p.op not in OPS:
         return f"collective {p.op!r} not modelled"
-    if p.kind in ("step", "scaling") and p.precision not in PRECISION:
+    if p.kind in ("step", "scaling", "parallel") and p.precision not in PRECISION:
         return "precision not stated"
+    if p.kind == "parallel":
+        return parallel_points.skip(p)
     if p.kind == "scaling" and p.metric not in ("samples_per_s", "efficiency"):
         return "a time at one worker count: no base to scale from"
     return None
@@ -219,6 +242,12 @@ def borrowed(p: Point, profile) -> bool:
     or its device's; ``HardwareProfile.borrowed_link`` / ``borrowed_device``)."""
     if p.kind == "collective":
         return profile.borrowed_link(_library(p, profile), _level(p, profile))
+    if p.kind == "parallel":  # no fraction fitted for large transformer layers
+        dtype = profile.dtype_for(PRECISION[p.precision])
+        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
+        a = profile.achieved
+        own = a.fractions.get(parallel_points.OP_CLASS, {}) if a else {}
+        return dtype not in own and alias not in own
     return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
 
 
@@ -255,6 +284,11 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
                 _interval(row, "collective", borrowed(p, profile))
+            elif p.kind == "parallel":
+                t_pub, (t, bound) = parallel_times(p)
+                row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
+                           faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
+                _interval(row, "step", borrowed(p, hw.load(p.hw)))
             elif p.kind == "step":
                 t_pub = published_time(p)
                 t, bound = step_times(p)
@@ -296,7 +330,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in ("calibration", "heldout"):
         out[part] = {}
-        for kind in ("collective", "step", "scaling"):
+        for kind in ("collective", "step", "scaling", "parallel"):
             errs = [abs(r["error"]) for r in rows
                     if r["part"] == part and r["kind"] == kind and "error" in r]  # fmt: skip
             stated = [r for r in rows if r["part"] == part and r["kind"] == kind and "low" in r]

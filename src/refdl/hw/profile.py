@@ -66,7 +66,7 @@ class DeviceSpec:
 
 PRECISIONS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
 LIBRARIES = ("nccl", "mpi", "gloo")
-OP_CLASSES = ("conv", "gemm")
+OP_CLASSES = ("conv", "gemm", "transformer")  # transformer: GPT-scale layers (many GPUs)
 # cuDNN's Winograd convolutions (Lavin & Gray, CVPR 2016) do up to 2.25x fewer
 # multiplications than the direct convolution XLA's FLOP count assumes
 WINOGRAD = 2.25

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from refdl.config.choices import PIPELINE_SCHEDULES, PS_MODES
-from refdl.config.values import Choice, Float, Int, Optional, Text
+from refdl.config.choices import CONTEXT_ATTENTION, PIPELINE_SCHEDULES, PS_MODES, REMAT
+from refdl.config.values import Choice, Flag, Float, Int, Optional, Text
 from refdl.errors import UsageError
 from refdl.perf.ops import op_time
 
@@ -32,6 +32,9 @@ class CostBreakdown:
     memory_bytes: int = 0
     flops: float = 0.0
     comm_bytes: float = 0.0
+    # per mesh axis: (axis, seconds on its link, seconds of it exposed, bytes a device
+    # sends), where the formula splits its communication by axis (transformer shapes)
+    comm_by_axis: tuple[tuple[str, float, float, float], ...] = ()
 
     @property
     def step_time_s(self) -> float:
@@ -73,6 +76,12 @@ class PredictOptions:
     bucket_mb: float = _opt(0.0, Float(min=0.0))
     # force the profile's "intra" or "inter" link (default: by size)
     link: str | None = _opt(None, Optional(Choice(("intra", "inter"))))
+    # transformer shapes (refdl.perf.transformer): context attention, Megatron's sequence
+    # parallelism, activation recomputation, and the compute precision (activation bytes)
+    cp: str = _opt("ring", Choice(CONTEXT_ATTENTION))
+    sequence_parallel: bool = _opt(False, Flag())
+    remat: str = _opt("none", Choice(REMAT))
+    precision: str = _opt("fp32", Text())  # checked by the profile (refdl.hw.profile)
 
     def validate(self) -> PredictOptions:
         """Every field against its declared value type; a UsageError names the flag."""

@@ -102,6 +102,14 @@ def allgather_ring(n: float, p: int, link: Link) -> float:
     return (p - 1) * link.alpha + n * (p - 1) / p * link.beta
 
 
+def alltoall_pairwise(n: float, p: int, link: Link) -> float:
+    """Pairwise exchange, ``n`` each rank's whole buffer (it keeps ``n/p``): ``(p-1)α +
+    n(p-1)/p·β`` (Thakur et al.'s long-message all-to-all; NCCL's send/recv pairs)."""
+    if p <= 1:
+        return 0.0
+    return (p - 1) * link.alpha + n * (p - 1) / p * link.beta
+
+
 def reduce_tree(n: float, p: int, link: Link) -> float:
     """Binomial tree: ``lg p·α + n·lg p·β + n·lg p·γ``."""
     return allreduce_recursive_doubling(n, p, link)
@@ -144,6 +152,7 @@ OPS = {
     "allreduce": ALLREDUCE,
     "reduce-scatter": {"ring": reduce_scatter_ring},
     "allgather": {"ring": allgather_ring},
+    "alltoall": {"pairwise": alltoall_pairwise},
     "reduce": {"tree": reduce_tree},
     "broadcast": {"scatter-allgather": broadcast_scatter_allgather},
 }
@@ -152,6 +161,7 @@ BUS_FACTOR = {
     "allreduce": lambda p: 2 * (p - 1) / p,
     "reduce-scatter": lambda p: (p - 1) / p,
     "allgather": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
     "reduce": lambda p: 1.0,
 }

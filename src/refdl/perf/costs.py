@@ -37,6 +37,14 @@ from refdl.perf.collectives import (
 )
 from refdl.perf.model_cost import ModelCost
 from refdl.perf.overlap import bucketed_step
+from refdl.perf.transformer import (
+    activation_bytes,
+    axis_comm,
+    axis_links,
+    check_mesh,
+    remat_factor,
+    state_bytes,
+)
 from refdl.registry import Registry
 
 CostFormula = Callable[[ModelCost, Any, int, int, PredictOptions], CostBreakdown]
@@ -163,7 +171,9 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
 @COSTS.register("model")
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
-    split leaves (``_tp_comm``)."""
+    split leaves (``_tp_comm``; a transformer's in closed form, ``transformer_step``)."""
+    if m.transformer is not None:
+        return transformer_step(m, hw, batch, MeshSpec(model=workers), opts)
     t = compute_time(
         m.flops(batch) / workers, m.bytes(batch) / workers, hw, ops=m.ops, sharing=workers,
         work=m.op_work(batch).scaled(share=1 / workers), **host_work(m, batch, workers),
@@ -225,12 +235,15 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
 @COSTS.register("hybrid")
 def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
-    allreduce of each replica's 1/(model x pipe) share of the gradients."""
+    allreduce of each replica's 1/(model x pipe) share of the gradients; a transformer on
+    all six axes by ``transformer_step``."""
     mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
-    if mesh.context > 1 or mesh.expert > 1:
+    if m.transformer is not None:
+        return transformer_step(m, hw, batch, mesh, opts)
+    if mesh.context > 1 or mesh.expert > 1 or mesh.fsdp > 1:
         raise UsageError(
-            "the cost model does not know the context and expert axes yet (issue 35); "
-            "predict with data, model and pipe"
+            f"--model {m.name} is not a transformer: the cost model splits it over data, "
+            "model and pipe only; set fsdp, context and expert to 1"
         )
     d, tp, pp = mesh.data, mesh.model, mesh.pipe
     b = batch / d
@@ -258,6 +271,69 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         bubble_s=bubble,
         memory_bytes=int(mem),
         flops=m.flops(b) / (tp * pp),
+    )
+
+
+@COSTS.register("context")
+def context(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
+    """The sequence split P ways (``transformer_step`` with ``context=P``)."""
+    if m.transformer is None:
+        raise UsageError(f"--strategy context needs a transformer; --model {m.name} is not one")
+    return transformer_step(m, hw, batch, MeshSpec(context=workers), opts)
+
+
+def transformer_step(
+    m: ModelCost, hw, batch: int, mesh: MeshSpec, opts: PredictOptions
+) -> CostBreakdown:
+    """A transformer's step on the six axes (``refdl.perf.transformer``): the model's
+    compute (times the recomputation's share) split over every axis, each axis's
+    collectives on the link its group spans, the pipeline's bubble, and the busiest
+    device's state and activations. The batch splits over ``data x fsdp x expert`` and
+    ``microbatches``; ``sequence_parallel`` and the context attention as ``opts`` say."""
+    shape, workers = m.transformer, mesh.size
+    check_mesh(shape, mesh, opts.cp)
+    replicas, mb = mesh.data * mesh.fsdp * mesh.expert, opts.microbatches
+    if batch % (replicas * mb):
+        raise UsageError(
+            f"--batch-size {batch} does not split into data x fsdp x expert = {replicas} "
+            f"replicas of {mb} microbatches; give a multiple of {replicas * mb}"
+        )
+    if opts.sequence_parallel and mesh.model == 1:
+        raise UsageError("--sequence-parallel splits within the model axis: set model > 1")
+    b, split = batch / replicas, mesh.model * mesh.pipe * mesh.context
+    factor = remat_factor(shape, opts.remat)
+    t = compute_time(
+        m.flops(b) * factor / split, m.bytes(b) * factor / split, hw, ops=m.ops,
+        sharing=workers, work=m.op_work(b).scaled(share=factor / split),
+        **host_work(m, batch, workers), concurrent=mesh.pipe == 1,
+    )  # fmt: skip
+    v = chunks_of(opts.schedule, opts.chunks) if mesh.pipe > 1 else 1
+    comm = axis_comm(
+        shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
+        microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,
+        precision=opts.precision, flop_rate=hw.peak_flops,
+    )  # fmt: skip
+    # up to overlap x compute hides the axes' exposed time, shared in proportion
+    total = sum(c.exposed_s for c in comm.values())
+    kept = exposed(total, t, opts.overlap) / total if total else 0.0
+    by_axis = tuple((a, c.time_s, c.exposed_s * kept, c.bytes) for a, c in comm.items())
+    bubble = 0.0
+    if mesh.pipe > 1:
+        f = bubble_fraction(opts.schedule, mesh.pipe, mb, opts.chunks)
+        bubble = t * f / (1 - f)
+    stash = 1 if mesh.pipe == 1 else (mb if opts.schedule in ("gpipe", "looped-bfs")
+                                      else min(mesh.pipe, mb))  # fmt: skip
+    mem = state_bytes(shape, mesh, opts.optimizer_words) + activation_bytes(
+        shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat, opts.precision
+    )
+    return CostBreakdown(
+        compute_s=t,
+        comm_s=sum(e for _, _, e, _ in by_axis),
+        bubble_s=bubble,
+        memory_bytes=int(mem),
+        flops=m.flops(b) * factor / split,
+        comm_bytes=sum(n for *_, n in by_axis),
+        comm_by_axis=by_axis,
     )
 
 

@@ -29,11 +29,13 @@ import optax
 from refdl.assemble import load_data, make_task, resolve
 from refdl.config.rules import TENSOR_RULES
 from refdl.config.spec import RunSpec
-from refdl.core.layers import Conv, Dense
+from refdl.core.layers import Conv, Dense, Embed, PositionalEmbed, TransformerBlock
+from refdl.core.moe import MoEFeedForward
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf.ops import OpWork, by_kind, parse_hlo
-from refdl.perf.zoo import SHAPE_MODELS, ShapeModel
+from refdl.perf.transformer import TransformerShape
+from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS, ShapeModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ModelCost:
     # fp32 bytes of each parameter array in forward order: the gradients' order of
     # readiness, reversed, for the bucketed allreduce (refdl.perf.overlap)
     layer_param_bytes: tuple[float, ...] = ()
+    # the model as a transformer shape (``refdl.perf.transformer``), where it is one: what
+    # the context, expert and sequence-parallel terms and the recomputation need
+    transformer: TransformerShape | None = None
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -131,12 +136,42 @@ def model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) -> ModelC
     """The cost of one training step of ``name``: a shape-only model, or one of refdl's
     models on its default data set's shapes (with ``data_opts``, e.g. digits at 28x28)."""
     if name in SHAPE_MODELS.names():
-        return _shape_model_cost(SHAPE_MODELS.get(name))
+        m = _shape_model_cost(SHAPE_MODELS.get(name))
+        if name in TRANSFORMERS.names():
+            m = dataclasses.replace(m, transformer=TRANSFORMERS.get(name).shape)
+        return m
+    if name in TRANSFORMERS.names():
+        return transformer_cost(name, TRANSFORMERS.get(name).shape)
     if name in MODELS.names():
         return _refdl_model_cost(name, data_opts)
+    shapes = sorted({*SHAPE_MODELS.names(), *TRANSFORMERS.names()})
     raise UsageError(
-        f"unknown --model {name!r}; shape-only: {', '.join(SHAPE_MODELS.names())}; "
+        f"unknown --model {name!r}; shape-only: {', '.join(shapes)}; "
         f"refdl models: {', '.join(MODELS.names())}"
+    )
+
+
+def transformer_cost(name: str, shape: TransformerShape) -> ModelCost:
+    """A transformer known by its shape: the closed-form counts of
+    ``refdl.perf.transformer`` (fp32 activations, no recomputation) in place of XLA's;
+    the optimizer's update and memory traffic are left out (a GPT-scale step is
+    bound by its products)."""
+    per_layer = 4.0 * (shape.dense_params() - shape.vocab * shape.d_model) / shape.layers
+    return ModelCost(
+        name=name,
+        params=shape.params,
+        flops_per_sample=shape.flops_per_sequence("none"),
+        flops_fixed=0.0,
+        bytes_per_sample=0.0,
+        bytes_fixed=0.0,
+        activation_bytes_per_sample=shape.layers * shape.layer_activation_bytes(1, precision="fp32")
+        + 4.0 * shape.seq * shape.vocab,
+        boundary_bytes_per_sample=4.0 * shape.seq * shape.d_model,
+        layers=shape.layers,
+        layer_param_bytes=(4.0 * shape.vocab * shape.d_model,)
+        + (per_layer + 4.0 * shape.expert_params() / shape.layers,) * shape.layers,
+        op_class="transformer",
+        transformer=shape,
     )
 
 
@@ -210,7 +245,26 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         input_bytes_per_sample=float(sum(np.asarray(v).nbytes for v in sample.values())),
         op_class=op_class,
         layer_param_bytes=order,
+        transformer=transformer_shape(task.model.layers),
     )
+
+
+def transformer_shape(layers: Any) -> TransformerShape | None:
+    """A decoder built of refdl's layers (``Embed``, ``PositionalEmbed``,
+    ``TransformerBlock``s, an untied output ``Dense``) as a shape; None for any other
+    model."""
+    blocks = [x for x in layers if isinstance(x, TransformerBlock)]
+    embed = [x for x in layers if isinstance(x, Embed)]
+    pos = [x for x in layers if isinstance(x, PositionalEmbed)]
+    if not blocks or len(embed) != 1 or len(pos) != 1:
+        return None
+    b, ffn = blocks[0], blocks[0].ffn
+    moe: dict[str, Any] = {"ffn": b.mlp_dim}
+    if isinstance(ffn, MoEFeedForward):
+        moe = dict(experts=ffn.experts, top_k=ffn.top_k, capacity_factor=ffn.capacity_factor,
+                   ffn=ffn.mlp_dim)  # fmt: skip
+    return TransformerShape(len(blocks), embed[0].features, b.num_heads, pos[0].max_len,
+                            embed[0].vocab_size, tied=False, **moe)  # fmt: skip
 
 
 def tensor_collectives(

@@ -13,7 +13,13 @@ widths as published):
 - LSTM LM (Zaremba et al. 2014 "medium": 2 x 650, vocab 10k, 35 steps);
 - GPT-2 small (Radford et al. 2019: 12 x 768, 12 heads, 1024 tokens, vocab 50257).
 
-A user's own architecture joins them with ``register_shape_model``.
+GPT-scale transformers are too large to lower here and are given by their shape
+alone (``TRANSFORMERS``, costed in closed form by ``refdl.perf.transformer``):
+
+- GPT-3 175B (Brown et al. 2020, table 2.1: 96 x 12288, 96 heads, 2048 tokens).
+
+A user's own architecture joins them with ``register_shape_model`` (a flax module)
+or ``register_transformer`` (a shape).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from refdl.perf.transformer import TransformerShape
 from refdl.registry import Registry
 
 
@@ -287,6 +294,32 @@ _register("resnet101", (224, 224, 3), 1000, "ResNet-101, 224x224x3, 44.5 M")(
 _register("lenet5_1998", (32, 32, 1), 10, "LeNet-5 (1998), 32x32x1, 62 k")(LeNet5)
 _register("lstm_lm_medium", (35,), 10000, "LSTM LM 2x650, vocab 10k, 35 steps", jnp.int32)(LSTMLM)
 _register("gpt2", (1024,), 50257, "GPT-2 small, 12x768, 1024 tokens", jnp.int32)(GPT2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeTransformer:
+    """A transformer known by its shape alone, and where the shape comes from."""
+
+    name: str
+    shape: TransformerShape
+    doc: str
+
+
+TRANSFORMERS: Registry[ShapeTransformer] = Registry("transformer shape")
+
+
+def register_transformer(name: str, shape: TransformerShape, doc: str) -> ShapeTransformer:
+    """Register ``shape`` as ``name`` for ``refdl predict --model``."""
+    entry = ShapeTransformer(name, shape, doc)
+    TRANSFORMERS.register(name)(entry)
+    return entry
+
+
+GPT3 = dict(seq=2048, vocab=50257)  # Brown et al. 2020: n_ctx 2048, GPT-2's BPE vocabulary
+register_transformer("gpt2", TransformerShape(12, 768, 12, 1024, 50257),
+                     "GPT-2 small's shape (the flax gpt2 above)")  # fmt: skip
+register_transformer("gpt3-175b", TransformerShape(96, 12288, 96, **GPT3),
+                     "GPT-3 175B, 96x12288, 96 heads, 2048 tokens (Brown et al. 2020)")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,343 @@
+"""A GPT-style transformer's training step on a six-axis mesh, in closed form.
+
+What the six axes cost cannot be read off a compiled single-device step: the
+context ring, the experts' all-to-all and sequence parallelism exist only in the
+parallel program, and a GPT-3-size step cannot be compiled here. So, for a
+``TransformerShape`` (dense or mixture-of-experts), this module counts:
+
+- FLOPs (Narayanan et al. 2021, eq. 3): per layer and sequence of ``s`` tokens the
+  forward is ``2 s x (matrix parameters)`` plus ``4 s^2 h`` for scores and values,
+  the logits ``2 s h V``; backward is twice the forward; recomputation adds a
+  layer forward (``full``) or the attention core ``4 s^2 h`` (``selective``,
+  Korthikanti et al. 2022). An expert layer runs each token through ``top_k``
+  experts, ``capacity_factor`` times over (the padded slots compute too).
+- Activation memory per layer (Korthikanti et al. 2022, section 4: 16-bit values,
+  1-byte dropout masks): ``s b h (34 + 5 a s / h)``, split ``t`` ways where tensor
+  parallelism splits it (all of it with sequence parallelism), ``34 s b h`` kept
+  with selective recomputation, ``2 s b h`` with full; fp32 doubles the 16-bit part.
+- Each axis's collectives per step and device (``axis_comm``), on the link its
+  group spans when the axes are placed as Megatron-Core places them (``NODE_ORDER``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from refdl.config.mesh import MeshSpec
+from refdl.core.moe import capacity
+from refdl.errors import UsageError
+from refdl.perf.collectives import (
+    Link,
+    allgather_ring,
+    allreduce_ring,
+    alltoall_pairwise,
+)
+
+# Megatron-Core's rank order (tp-cp-ep-dp-pp): the model axis innermost, so its
+# collectives stay inside a node; pipe outermost, crossing nodes with one message.
+NODE_ORDER = ("model", "context", "expert", "fsdp", "data", "pipe")
+# Bytes per parameter of the training state before optimizer words (Rajbhandari et al.
+# 2020, section 3.1): fp32 weights and gradients (4 + 4), or in mixed precision 16-bit
+# weights and gradients and an fp32 master copy (2 + 2 + 4); then 4 per optimizer word.
+STATE_BYTES = 8
+ACT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only transformer: GPT's (learned positions, GELU MLP of 4h, tied
+    embedding) by default; ``gated`` for SwiGLU's three matrices, ``kv_heads`` < heads
+    for grouped-query attention, ``experts`` > 0 for a mixture-of-experts MLP in
+    every layer (``top_k`` experts per token, ``capacity_factor`` slots per routed
+    token; 1.0 also stands for dropless routing), ``head_dim`` where heads x head_dim is
+    not d_model (Qwen3's)."""
+
+    layers: int
+    d_model: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int = 0  # 0: 4 x d_model
+    kv_heads: int = 0  # 0: heads
+    head_dim: int = 0  # 0: d_model / heads
+    gated: bool = False
+    experts: int = 0
+    top_k: int = 1
+    capacity_factor: float = 1.0
+    tied: bool = True
+    positions: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "d_model", "heads", "seq", "vocab"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"transformer shape: {name} must be >= 1")
+        if self.d_model % self.heads and not self.head_dim:
+            raise UsageError(f"transformer shape: d_model {self.d_model} must divide by "
+                             f"heads {self.heads}")  # fmt: skip
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise UsageError(f"transformer shape: top_k must be in 1..experts ({self.experts})")
+
+    @property
+    def hidden(self) -> int:
+        return self.ffn or 4 * self.d_model
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.d_model // self.heads
+
+    @property
+    def d_q(self) -> int:
+        """Width of the queries (and of the attention output): ``heads x head_dim``."""
+        return self.heads * self.d_head
+
+    @property
+    def d_kv(self) -> int:
+        """Width of the keys (and of the values): ``kv_heads x head_dim``."""
+        return (self.kv_heads or self.heads) * self.d_head
+
+    @property
+    def routed(self) -> float:
+        """MLP passes per token: with experts, the slots of a sequence over its tokens,
+        ``E x min(s, ceil(capacity_factor x s x top_k / E)) / s`` (refdl's per-sequence
+        capacity, ``refdl.core.moe.capacity``; about ``top_k x capacity_factor``), else 1."""
+        if not self.experts:
+            return 1.0
+        slots = capacity(self.seq, self.experts, self.top_k, self.capacity_factor)
+        return self.experts * slots / self.seq
+
+    def mlp_params(self) -> int:
+        return (3 if self.gated else 2) * self.d_model * self.hidden
+
+    def attention_params(self) -> int:
+        return 2 * self.d_model * (self.d_q + self.d_kv)
+
+    def expert_params(self) -> int:
+        """Parameters the expert axis splits: every layer's experts."""
+        return self.layers * self.experts * self.mlp_params() if self.experts else 0
+
+    def dense_params(self) -> int:
+        """Every other parameter: attention, norms, router, embeddings (and the MLPs of a
+        dense model)."""
+        h = self.d_model
+        per_layer = self.attention_params() + 4 * h
+        per_layer += self.experts * h if self.experts else self.mlp_params()
+        embed = self.vocab * h * (1 if self.tied else 2) + (self.seq * h if self.positions else 0)
+        return self.layers * per_layer + embed + 2 * h
+
+    @property
+    def params(self) -> int:
+        return self.dense_params() + self.expert_params()
+
+    def layer_forward_flops(self) -> float:
+        """One layer's forward on one sequence: products, scores and values, router."""
+        s, h = self.seq, self.d_model
+        f = 2 * s * self.attention_params() + 4 * s * s * self.d_q
+        f += 2 * s * self.mlp_params() * self.routed
+        if self.experts:
+            f += 2 * s * h * self.experts
+        return float(f)
+
+    def flops_per_sequence(self, remat: str = "none") -> float:
+        """Forward, backward and ``remat``'s recomputation of one sequence (Narayanan's
+        eq. 3 with ``remat="full"``: ``96 s l h^2 (1 + s/6h + V/16lh)`` for GPT)."""
+        layer = self.layer_forward_flops()
+        extra = {"none": 0.0, "full": layer, "selective": 4.0 * self.seq**2 * self.d_q}
+        if remat not in extra:
+            raise UsageError(f"unknown --remat {remat!r}; choose none, selective or full")
+        logits = 2.0 * self.seq * self.d_model * self.vocab
+        return 3 * (self.layers * layer + logits) + self.layers * extra[remat]
+
+    def layer_activation_bytes(
+        self, batch: float, tp: int = 1, cp: int = 1, sp: bool = False,
+        remat: str = "none", precision: str = "bf16",
+    ) -> float:  # fmt: skip
+        """Bytes one layer keeps for its backward, for ``batch`` sequences of ``seq / cp``
+        tokens on one device of a ``tp``-way tensor-parallel group (Korthikanti et al.
+        2022, table 2): of ``34 s b h`` (16-bit), 24 are split by tensor parallelism and
+        the other 10 (norm inputs, dropout masks) only by sequence parallelism; ``5 a s^2
+        b`` of scores unless recomputed (selective) or computed blockwise (context
+        parallelism: ring or flash attention); an expert MLP's 19 per routed pass."""
+        s, h = self.seq / cp, self.d_model
+        sbh = s * batch * h
+        if remat == "full":
+            return 2 * sbh / (tp if sp else 1) * ACT_BYTES[precision] / 2
+        split = 8 + 16 * self.routed  # of the MLP's 19: 16 split by tp, 3 not
+        whole = 3 + 3 * self.routed + 4
+        per = split / tp + whole / (tp if sp else 1)
+        scores = 0.0
+        if remat == "none" and cp == 1:
+            scores = 5 * self.heads * s / h / tp
+        return sbh * (per + scores) * ACT_BYTES[precision] / 2
+
+
+def axis_links(mesh: MeshSpec, hw: Any, link_of: Any) -> dict[str, Link]:
+    """Each axis's link: the node's while the devices from the innermost axis (in
+    ``NODE_ORDER``) up to this one fit in a node, else the network's."""
+    span, out = 1, {}
+    for axis in NODE_ORDER:
+        span *= getattr(mesh, axis)
+        out[axis] = link_of(span)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisComm:
+    """One axis's collectives in one step on one device: the time on the link, the part
+    of it no computation hides, and the bytes the device sends."""
+
+    time_s: float
+    exposed_s: float
+    bytes: float
+
+
+def axis_comm(
+    shape: TransformerShape,
+    mesh: MeshSpec,
+    batch: float,
+    links: dict[str, Link],
+    *,
+    microbatches: int = 1,
+    chunks: int = 1,
+    cp: str = "ring",
+    sp: bool = False,
+    remat: str = "none",
+    precision: str = "bf16",
+    flop_rate: float = 0.0,
+) -> dict[str, AxisComm]:
+    """The collectives of each axis > 1 for one step of ``batch`` sequences.
+
+    With ``r`` forward passes (2: forward and backward; 3 with full recomputation), a
+    microbatch of ``b`` sequences and ``n = b s / cp x h x bytes`` per device:
+
+    - model: ``2r`` all-reduces of ``n`` per layer (Megatron's two per block each way;
+      with sequence parallelism each is a reduce-scatter and an all-gather, the same ring
+      time; Korthikanti et al. 2022, section 4.2.2);
+    - context, ring: per layer ``cp - 1`` hops of the local keys and values (``2n
+      d_kv / h / tp``) forward, twice that backward (values and their gradients);
+      each hop overlaps the attention of the block it brings (half a block with
+      zig-zag order), so only ``max(0, hop - block)`` is exposed;
+    - context, all-to-all (Ulysses): per layer four all-to-alls (q, k, v, output) each
+      way, of ``n / tp`` (k and v ``d_kv / h`` of that);
+    - expert: per layer dispatch and combine each way, ``n x top_k x capacity_factor``
+      (over ``tp`` with sequence parallelism, else each tensor rank sends its copy);
+    - pipe: an activation forward and a gradient backward per microbatch and chunk, of
+      ``n / tp`` (Megatron's scatter/gather: each tensor rank sends its share);
+    - data (with context and expert, which hold replicas too) and fsdp: the fp32
+      gradients of the device's share of the parameters, a ring all-reduce; fsdp
+      gathers the parameters twice (forward, backward) in the compute precision and
+      reduce-scatters the fp32 gradient.
+
+    ``flop_rate`` (FLOP/s) times the ring's block overlap; every other collective is
+    returned exposed (the caller's ``overlap`` may hide a share behind the compute)."""
+    h, s = shape.d_model, shape.seq
+    tp, c, ep, pp = mesh.model, mesh.context, mesh.expert, mesh.pipe
+    replicas = mesh.data * mesh.fsdp * ep
+    b = batch / replicas / microbatches
+    passes = 3 if remat == "full" else 2
+    layers = shape.layers / pp
+    n = b * s / c * h * ACT_BYTES[precision]  # one microbatch's activations on a device
+    slots = layers * microbatches
+    out: dict[str, AxisComm] = {}
+    if tp > 1:
+        t = 2 * passes * slots * allreduce_ring(n, tp, links["model"])
+        out["model"] = AxisComm(t, t, 2 * passes * slots * 2 * n * (tp - 1) / tp)
+    if c > 1:
+        kv = n * shape.d_kv / h / tp
+        q = n * shape.d_q / h / tp
+        if cp == "ring":
+            hop = 2 * kv  # keys and values
+            lk = links["context"]
+            block = 0.5 * 4 * b * (s / c) ** 2 * shape.d_q / tp / flop_rate if flop_rate else 0.0
+            hops = (c - 1) * slots
+            msgs = hops * (passes - 1 + 2)  # forward(s): K,V; backward: K,V and dK,dV
+            t = msgs * (lk.alpha + hop * lk.beta)
+            fwd = max(0.0, lk.alpha + hop * lk.beta - block)
+            bwd = max(0.0, 2 * (lk.alpha + hop * lk.beta) - 2 * block)
+            hidden_fwd = (passes - 1) * fwd
+            out["context"] = AxisComm(t, hops * (hidden_fwd + bwd), msgs * hop)
+        elif cp == "all-to-all":
+            per = 2 * q + 2 * kv  # q and output; k and v
+            a2a = sum(alltoall_pairwise(x, c, links["context"]) for x in (q, q, kv, kv))
+            t = passes * slots * a2a
+            out["context"] = AxisComm(t, t, passes * slots * per * (c - 1) / c)
+        else:
+            raise UsageError(f"unknown --cp {cp!r}; choose ring or all-to-all")
+    if ep > 1:
+        tokens = n * shape.routed / (tp if sp else 1)
+        t = 2 * passes * slots * alltoall_pairwise(tokens, ep, links["expert"])
+        out["expert"] = AxisComm(t, t, 2 * passes * slots * tokens * (ep - 1) / ep)
+    if pp > 1:
+        msg = n / tp  # each tensor rank sends its 1/tp (Narayanan et al. 2021, section 4.1)
+        lk = links["pipe"]
+        count = 2 * microbatches * chunks
+        t = count * (lk.alpha + msg * lk.beta)
+        out["pipe"] = AxisComm(t, t, count * msg)
+    grads_dense = 4.0 * shape.dense_params() / (tp * pp * mesh.fsdp)
+    grads_expert = 4.0 * shape.expert_params() / (tp * pp * ep * mesh.fsdp)
+    group = mesh.data * c
+    if group * ep > 1:
+        t = allreduce_ring(grads_dense, group * ep, links["data"])
+        t += allreduce_ring(grads_expert, group, links["data"])
+        sent = 2 * grads_dense * (group * ep - 1) / (group * ep)
+        sent += 2 * grads_expert * (group - 1) / group if group > 1 else 0.0
+        out["data"] = AxisComm(t, t, sent)
+    if mesh.fsdp > 1:
+        whole = shape.params / (tp * pp)  # the parameters an fsdp group gathers
+        words = 2 * ACT_BYTES[precision] + 4  # two gathers in the compute precision, fp32 grads
+        t = allgather_ring(words * whole, mesh.fsdp, links["fsdp"])
+        out["fsdp"] = AxisComm(t, t, words * whole * (mesh.fsdp - 1) / mesh.fsdp)
+    return out
+
+
+def state_bytes(shape: TransformerShape, mesh: MeshSpec, words: int) -> float:
+    """Weights, gradients and optimizer words on one device: the dense parameters split
+    over ``model x pipe``, the experts also over ``expert``, all of it over ``fsdp``;
+    ``STATE_BYTES`` per parameter plus 4 per optimizer word."""
+    per = STATE_BYTES + 4 * words
+    split = mesh.model * mesh.pipe * mesh.fsdp
+    return per * (shape.dense_params() / split + shape.expert_params() / (split * mesh.expert))
+
+
+def activation_bytes(
+    shape: TransformerShape, mesh: MeshSpec, batch: float, microbatches: int, stash: int,
+    sp: bool, remat: str, precision: str,
+) -> float:  # fmt: skip
+    """Activations the busiest stage holds: ``stash`` microbatches of its ``layers / pipe``
+    layers, plus one microbatch's fp32 logits split over ``model`` (the last stage's)."""
+    b = batch / (mesh.data * mesh.fsdp * mesh.expert) / microbatches
+    per_layer = shape.layer_activation_bytes(b, mesh.model, mesh.context, sp, remat, precision)
+    logits = 4.0 * b * shape.seq / mesh.context * shape.vocab / mesh.model
+    return stash * per_layer * shape.layers / mesh.pipe + logits
+
+
+def check_mesh(shape: TransformerShape, mesh: MeshSpec, cp: str) -> None:
+    """The splits the shape must allow: heads over ``model`` (and ``context`` for
+    all-to-all), tokens over ``context``, experts over ``expert``, layers over ``pipe``."""
+    if mesh.expert > 1 and not shape.experts:
+        raise UsageError("--mesh expert=.. needs a model with experts (a mixture-of-experts "
+                         "shape); set expert=1")  # fmt: skip
+    if shape.experts and shape.experts % mesh.expert:
+        raise UsageError(f"{shape.experts} experts do not split over expert={mesh.expert}")
+    if shape.seq % mesh.context:
+        raise UsageError(f"sequence {shape.seq} does not split over context={mesh.context}")
+    if shape.heads % (mesh.model * (mesh.context if cp == "all-to-all" else 1)):
+        raise UsageError(f"{shape.heads} heads do not split over model={mesh.model}"
+                         + (f" x context={mesh.context} (all-to-all)" if cp == "all-to-all"
+                            else ""))  # fmt: skip
+    if shape.layers < mesh.pipe:
+        raise UsageError(f"{shape.layers} layers cannot fill pipe={mesh.pipe} stages")
+
+
+def remat_factor(shape: TransformerShape, remat: str) -> float:
+    """Step FLOPs with ``remat`` over those without."""
+    return shape.flops_per_sequence(remat) / shape.flops_per_sequence("none")
+
+
+def model_flops(shape: TransformerShape, sequences: float, counted: str = "model") -> float:
+    """A step's FLOPs as a publication counts them: ``model`` (no recomputation, MFU's),
+    ``hardware`` with full recomputation (Narayanan et al.'s 96 s l h^2 formula)."""
+    remat = {"model": "none", "hardware": "full"}.get(counted)
+    if remat is None:
+        raise ValueError(f"unknown FLOPs convention {counted!r}")
+    return sequences * shape.flops_per_sequence(remat)

@@ -1,0 +1,191 @@
+"""The closed-form transformer step (refdl.perf.transformer) against the papers'
+formulas, XLA's count of a compiled step, and refdl's own strategies' byte counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from refdl.assemble import load_data, make_task, resolve
+from refdl.config.mesh import MeshSpec
+from refdl.config.spec import RunSpec
+from refdl.parallel.context import attention_bytes
+from refdl.parallel.expert import expert_bytes
+from refdl.perf import PredictOptions
+from refdl.perf import costs as K
+from refdl.perf.collectives import Link
+from refdl.perf.model_cost import model_cost, transformer_shape
+from refdl.perf.transformer import (
+    NODE_ORDER,
+    TransformerShape,
+    axis_comm,
+    axis_links,
+    model_flops,
+)
+from refdl.perf.zoo import TRANSFORMERS
+
+GPT3 = TRANSFORMERS.get("gpt3-175b").shape
+
+
+def test_gpt3_175b_shape_counts_its_published_parameters_and_narayanans_flops():
+    # Brown et al. 2020 table 2.1: 175.0 B; biases are left out (< 0.1 %)
+    assert GPT3.params == pytest.approx(175.0e9, rel=0.005)
+    s, l, h, v = GPT3.seq, GPT3.layers, GPT3.d_model, GPT3.vocab
+    # Narayanan et al. 2021, eq. 3 (with full recomputation), per sequence
+    narayanan = 96 * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+    assert GPT3.flops_per_sequence("full") == pytest.approx(narayanan, rel=1e-12)
+    assert model_flops(GPT3, 1, "hardware") == pytest.approx(narayanan, rel=1e-12)
+    # without recomputation 3/4 of the layers' share; selective adds the attention core
+    assert GPT3.flops_per_sequence("none") == pytest.approx(
+        72 * s * l * h**2 * (1 + s / (6 * h)) + 6 * s * h * v, rel=1e-12)  # fmt: skip
+    extra = GPT3.flops_per_sequence("selective") - GPT3.flops_per_sequence("none")
+    assert extra == pytest.approx(4 * s * s * h * l)
+    # s / 18h of the layers' work: 0.9 % on GPT-3 175B (sequence 2048, width 12288)
+    assert extra / GPT3.flops_per_sequence("none") == pytest.approx(0.00898, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "rel"), [("gpt2", 0.005), pytest.param("transformer", 0.02, marks=pytest.mark.slow)]
+)  # 9 s
+def test_closed_form_flops_match_xlas_count_of_the_compiled_step(name, rel):
+    # gpt2: the flax module of refdl.perf.zoo (878.5 GFLOP per sequence by XLA, 874.9
+    # closed form); transformer: refdl's own model on its default data set
+    m = model_cost(name)
+    assert m.transformer is not None
+    assert m.transformer.flops_per_sequence() == pytest.approx(m.flops_per_sample, rel=rel)
+    assert m.transformer.params == pytest.approx(m.params, rel=rel)
+
+
+def test_activation_memory_follows_korthikanti_table_2():
+    sh = TransformerShape(4, 1024, 16, 2048, 50000)
+    s, b, h, a, t = 2048, 2, 1024, 16, 8
+    sbh = s * b * h
+
+    def mem(**kw):
+        return sh.layer_activation_bytes(b, precision="bf16", **kw)
+
+    assert mem() == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert mem(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert mem(tp=t, sp=True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert mem(tp=t, sp=True, remat="selective") == pytest.approx(sbh * 34 / t)
+    assert mem(tp=t, remat="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert mem(remat="full") == pytest.approx(2 * sbh)
+    assert sh.layer_activation_bytes(b, precision="fp32") == pytest.approx(2 * mem())
+
+
+LINK = Link(alpha=1e-6, beta=1e-9)
+LINKS = dict.fromkeys(NODE_ORDER, LINK)
+
+
+def test_new_axes_bytes_equal_refdls_own_counts_on_the_moe_model():
+    # refdl's moe (2 layers, d 128, 8 experts, top-2, capacity 1.25, 20 tokens) on
+    # data=2,context=2,expert=2 at batch 64: per device, fp32
+    spec = resolve(RunSpec(model="moe"))
+    sh, n = transformer_shape(make_task(spec, load_data(spec)).model.layers), 8
+    mesh, batch = MeshSpec(data=2, context=2, expert=2), 64
+    b = batch // (mesh.data * mesh.expert)  # sequences per device
+    local = b * sh.seq // mesh.context * sh.d_model
+    slots = sh.experts * 7  # capacity(20, 8, 2, 1.25) = 7 per expert
+    moved = expert_bytes(n, mesh.expert, b * slots * sh.d_model // mesh.context, sh.layers) / n
+    for cp in ("ring", "all-to-all"):
+        got = axis_comm(sh, mesh, batch, LINKS, cp=cp, precision="fp32")
+        assert got["expert"].bytes == pytest.approx(moved)  # 917,504
+        refdl = attention_bytes(cp, mesh.context, local, sh.layers) / mesh.context
+        # Megatron's ring also re-sends keys and values in the backward: 6 (c-1) n per
+        # layer, where refdl's (JAX keeps the received blocks) moves 4 (c-1) n
+        assert got["context"].bytes == pytest.approx(refdl * (1.5 if cp == "ring" else 1.0))
+    assert moved == 917_504
+
+
+def test_ring_hops_hide_behind_their_blocks_until_the_link_is_slower():
+    sh, mesh = TransformerShape(2, 1024, 16, 8192, 1000), MeshSpec(context=4)
+    slow = axis_comm(sh, mesh, 4, LINKS, flop_rate=1e9)["context"]  # compute-bound blocks
+    assert slow.exposed_s == 0.0 and slow.time_s > 0
+    none = axis_comm(sh, mesh, 4, LINKS, flop_rate=0.0)["context"]  # no overlap counted
+    assert none.exposed_s == pytest.approx(none.time_s)
+    # a block of (s/c)^2 half computed (zig-zag): exposed = hop - block, forward and back
+    rate = 1e15
+    part = axis_comm(sh, mesh, 1, LINKS, flop_rate=rate)["context"]
+    n = 1 * 2048 * 1024 * 2  # one sequence's local tokens, bf16
+    hop = LINK.alpha + 2 * n * LINK.beta
+    block = 0.5 * 4 * 2048**2 * 1024 / rate
+    assert part.exposed_s == pytest.approx(2 * 3 * (hop - block + 2 * hop - 2 * block))
+
+
+def test_axes_take_the_nodes_link_while_their_group_fits_in_a_node():
+    links = axis_links(MeshSpec(data=4, model=4, context=2, pipe=2), None, lambda n: n <= 8)
+    assert links == {"model": True, "context": True, "expert": True, "fsdp": True,
+                     "data": False, "pipe": False}  # fmt: skip
+
+
+def test_hybrid_on_a_transformer_splits_compute_and_memory_over_all_six_axes():
+    p = __import__("refdl.hw", fromlist=["load"]).load("h100-nvlink-ib-ndr").view("bound", "bf16")
+    m = model_cost("gpt3-175b")
+    o = PredictOptions(mesh="data=4,model=8,context=2,pipe=8", microbatches=16,
+                       precision="bf16", optimizer_words=2)  # fmt: skip
+    c = K.hybrid(m, p, 512, 512, o)
+    assert c.flops == pytest.approx(512 / 4 * GPT3.flops_per_sequence() / 128)
+    assert c.compute_s == pytest.approx(c.flops / 989e12)
+    assert [a for a, *_ in c.comm_by_axis] == ["model", "context", "pipe", "data"]
+    sel = K.hybrid(
+        m,
+        p,
+        512,
+        512,
+        PredictOptions(**{**o.__dict__, "remat": "selective", "sequence_parallel": True}),
+    )
+    assert sel.flops / c.flops == pytest.approx(1.00898, abs=1e-5)
+    assert sel.memory_bytes < c.memory_bytes
+    # the state: 16 bytes per parameter (Adam, mixed precision) over model x pipe
+    state = 16 * GPT3.params / 64
+    assert c.memory_bytes > state and sel.memory_bytes > state
+
+
+def run_predict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "refdl.predict", *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_predict_gpt3_175b_prints_time_memory_and_each_axis_share():
+    r = run_predict("--hw", "h100-nvlink-ib-ndr", "--strategy", "hybrid", "--model",
+                    "gpt3-175b", "--mesh", "data=8,model=8,context=2,pipe=8", "--workers",
+                    "1024", "--batch-size", "1536", "--precision", "bf16", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    shares = {a: v["share"] for a, v in row["comm_by_axis"].items()}
+    assert set(shares) == {"model", "context", "pipe", "data"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert row["memory_bytes"] > 0 and row["step_time_s"] > row["compute_s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "gpt3-175b", "--mesh", "data=64,expert=2,model=8"], "experts"),
+        (["--model", "lenet5_1998", "--mesh", "data=128,context=8"], "not a transformer"),
+        (
+            ["--model", "gpt3-175b", "--mesh", "data=4,model=8,context=24", "--workers", "768"],
+            "sequence 2048",
+        ),
+        (
+            [
+                "--model",
+                "gpt3-175b",
+                "--mesh",
+                "data=128,model=8",
+                "--sequence-parallel",
+                "--cp",
+                "ulysses",
+            ],
+            "--cp",
+        ),
+    ],
+)
+def test_predict_refuses_a_mesh_the_shape_cannot_take(args, words):
+    r = run_predict("--hw", "h100-nvlink-ib-ndr", "--strategy", "hybrid", "--workers",
+                    "1024", "--batch-size", "1024", *args)  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
