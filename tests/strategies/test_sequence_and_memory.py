@@ -162,3 +162,32 @@ def test_bf16_loss_within_the_band_of_fp32():
     a, b = np.mean(fp32.losses[-10:]), np.mean(bf16.losses[-10:])
     assert abs(b - a) / a < 0.02, (a, b)  # the band docs/strategies.md states
     assert not np.allclose(fp32.losses, bf16.losses, rtol=1e-6)  # bf16 did run
+
+
+def test_peak_memory_of_strategies_whose_step_is_many_programs(tmp_path):
+    """``peak_memory_bytes_per_device`` for pipeline (added up from what a device holds
+    between its programs), decentralized and ps (their programs' analyses): the trades show
+    - GPipe stashes every microbatch, 1F1B at most p; the serial oracle holds every replica
+    on one device; a ps worker computes on its share of the batch."""
+    from refdl.run.loop import fit
+
+    def peak(name: str, **kw) -> int:
+        s = RunSpec(strategy=name, model="mlp", batch_size=512, steps=2, eval_every=0,
+                    log_every=1, progress=False, **kw)  # fmt: skip
+        value = fit(s, tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}")[
+            "peak_memory_bytes_per_device"
+        ]
+        assert isinstance(value, int) and value > 0, (name, kw, value)
+        return value
+
+    # 2026-11-25, XLA:CPU, mlp, batch 512: single 3,215,628 B; pipeline 2 stages x 8
+    # microbatches GPipe 1,751,256 / 1F1B 1,292,504; decentralized 4 replicas on 4 devices
+    # 1,719,208 / the oracle's one device 6,060,948; ps worker of 2 1,795,212
+    single = peak("single")
+    gpipe = peak("pipeline", devices=2, schedule="gpipe", microbatches=8)
+    one_f_one_b = peak("pipeline", devices=2, schedule="1f1b", microbatches=8)
+    assert one_f_one_b < gpipe < single
+    spread = peak("decentralized", devices=4)
+    oracle = peak("decentralized", workers=4, simulate=True)
+    assert oracle > 2.5 * spread
+    assert peak("ps", simulate=True, workers=2) < single

@@ -32,7 +32,6 @@ from refdl.core.state import TrainState
 from refdl.errors import UsageError
 from refdl.run.build import Run
 from refdl.run.events import EventFile
-from refdl.strategies.base import peak_bytes
 
 SUMMARY_KEYS = (
     "strategy",
@@ -298,7 +297,7 @@ def summary(
         "param_count": param_count(host.params),
         "peak_memory_bytes": peak,
         "peak_memory_source": source,
-        "peak_memory_bytes_per_device": peak_bytes(run.strategy.compiled_steps()),
+        "peak_memory_bytes_per_device": run.strategy.peak_memory_bytes_per_device(history),
         "remat": spec.remat,
         "precision": spec.precision,
         "status": status,

@@ -124,9 +124,14 @@ class Strategy:
 
     def compiled_steps(self) -> list[Any]:
         """The compiled program(s) one step runs, for XLA's memory analysis
-        (``peak_memory_bytes_per_device``); none where a step is many small programs
-        (pipeline stages, parameter servers, decentralized workers)."""
+        (``peak_memory_bytes_per_device``)."""
         return []
+
+    def peak_memory_bytes_per_device(self, history: History) -> int | None:
+        """The most memory one device holds during a step: XLA's memory analysis of the
+        step's program(s); a strategy whose step is many programs with values held between
+        them (pipeline stages) adds those up itself."""
+        return peak_bytes(self.compiled_steps())
 
     # -- shared helpers -----------------------------------------------------------------------
 
@@ -195,6 +200,29 @@ def peak_bytes(compiled: list[Any]) -> int | None:
         if m is not None
     ]
     return int(max(peaks)) if peaks else None
+
+
+def abstract(x: Any) -> Any:
+    """An argument's shape, dtype and placement (what lowering needs), without its data."""
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+
+
+class FirstCall:
+    """A jitted program that keeps its first call's argument shapes, so its memory
+    analysis can be read after the run (``compiled``) without keeping any data."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.args = fn, None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.args is None:
+            self.args = jax.tree.map(abstract, args)
+        return self.fn(*args)
+
+    def compiled(self) -> Any:
+        """The program compiled for the first call's shapes (from JAX's cache); None if it
+        was never called."""
+        return None if self.args is None else self.fn.lower(*self.args).compile()
 
 
 def last(history: History, key: str, default: Any = None) -> Any:

@@ -45,7 +45,7 @@ from refdl.core.layers import param_count
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
 from refdl.parallel.processes import comm, data_comm, launched_rank
-from refdl.strategies.base import Batch, History, Strategy, last, register
+from refdl.strategies.base import Batch, FirstCall, History, Strategy, last, register
 
 AXIS = "data"  # the replica axis: devices under shard_map, replicas under vmap
 
@@ -163,7 +163,8 @@ class Decentralized(Strategy):
             self.sharding = NamedSharding(self.mesh, P(AXIS))
         build = {"spmd": self._spmd_fn, "serial": self._serial_fn, "mpi": self._mpi_fn}[self.mode]
         matchings = range(len(self.matchings)) if spec.gossip else [None]
-        self._fns = {m: build(m) for m in matchings}  # jitted; each compiles on its first call
+        # jitted; each compiles on its first call and keeps that call's shapes
+        self._fns = {m: FirstCall(build(m)) for m in matchings}
 
     # ----- state: replicas stacked on a leading axis (one per rank under MPI) -----
 
@@ -280,6 +281,10 @@ class Decentralized(Strategy):
         if self.serialize_steps or self.mode == "mpi":
             jax.block_until_ready(state)  # simulated devices; MPI ranks wait in their messages
         return state, {"loss": loss, "comm_bytes": self._comm_bytes(matching)}
+
+    def compiled_steps(self) -> list[Any]:
+        """The step programs that ran (this rank's replica under MPI), for their memory."""
+        return [c for c in (f.compiled() for f in self._fns.values()) if c is not None]
 
     def _comm_bytes(self, matching: int | None) -> int:
         """Bytes all workers send in one step: each sends its fp32 replica to each neighbour."""

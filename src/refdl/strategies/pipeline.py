@@ -28,6 +28,7 @@ carry no timeline (the host cannot see when an operation dispatched ahead starts
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -48,7 +49,15 @@ from refdl.core.state import TrainState
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
-from refdl.strategies.base import Batch, History, Strategy, register, steady_median
+from refdl.strategies.base import (
+    Batch,
+    FirstCall,
+    History,
+    Strategy,
+    memory_of,
+    register,
+    steady_median,
+)
 from refdl.strategies.pipeline_walk import Recorder, Walk
 
 MEASURE_EVERY = 5  # steps between timed ones when the loop logs none (--log-every 0)
@@ -171,7 +180,7 @@ class Pipeline(Strategy):
             def bwd_weight(params, state, x, g):
                 return pull(lambda p_: out(p_, state, x, g), params, g)
 
-            return Programs(*(self.jit(f) for f in (fwd, bwd, bwd_input, bwd_weight)))
+            return Programs(*(FirstCall(self.jit(f)) for f in (fwd, bwd, bwd_input, bwd_weight)))
 
         self._fns = [
             make(c, k == self.k_last, self.submeshes[self.device[k]])
@@ -268,6 +277,36 @@ class Pipeline(Strategy):
         (``serialize_steps``)."""
         return not (self.serialize_steps and self.plan.mesh.size > self.p)
 
+    def peak_memory_bytes_per_device(self, history: History) -> int | None:
+        """The most one device holds, added up from what it keeps between its programs: its
+        virtual stages' state and gradient sums (their shards), the batch's inputs (first
+        stage) and labels (last), the activations it held at its peak (the walk's count,
+        split as the stage's batch is; stage 0's stashed inputs are counted again, so this
+        errs high), plus the largest temporaries and outputs of one of its programs (XLA's
+        memory analysis)."""
+        stash = history.get("peak_activation_bytes_per_stage")
+        batch = self.abstract_batch()
+        peaks = []
+        for d in range(self.p):
+            stages = [k for k in range(len(self.chunks)) if self.device[k] == d]
+            held = 0
+            for k in stages:  # the state, and the gradient sums as large as the parameters
+                st, sh = self.stage_state(self.abstract, k), self.shardings[k]
+                held += _shard_bytes(st, sh) + _shard_bytes(st.params, sh.params)
+            ends = [(0, "x"), (self.k_last, "y")]
+            held += sum(_shard_bytes(batch[key], self.act_sharding(k)) for k, key in ends
+                        if self.device[k] == d)  # fmt: skip
+            if stash:
+                held += stash[d] // _ways(self.act_sharding(stages[0]))
+            analyses = [memory_of(c) for k in stages for f in self._fns[k]
+                        if (c := f.compiled()) is not None]  # fmt: skip
+            transient = [m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+                         for m in analyses if m is not None]  # fmt: skip
+            if not stash or not transient:
+                return None  # no step ran, or a backend without the analysis
+            peaks.append(held + max(transient))
+        return int(max(peaks))
+
     def summary(self, history: History) -> dict[str, Any]:
         return {
             "mesh": self.plan.mesh.as_dict(),
@@ -292,6 +331,23 @@ class Programs(NamedTuple):
     bwd: Any
     bwd_input: Any
     bwd_weight: Any
+
+
+def _ways(sharding: NamedSharding) -> int:
+    """Into how many pieces ``sharding`` splits an array."""
+    named = [a for e in sharding.spec if e for a in (e if isinstance(e, tuple) else (e,))]
+    return math.prod(sharding.mesh.shape[a] for a in named)
+
+
+def _shard_bytes(tree: Any, shardings: Any) -> int:
+    """The bytes of one device's shards of ``tree`` (shapes) placed by ``shardings`` (one
+    sharding for every leaf, or a tree of them)."""
+    if isinstance(shardings, NamedSharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+    return sum(
+        math.prod(sh.shard_shape(a.shape)) * np.dtype(a.dtype).itemsize
+        for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings), strict=True)
+    )
 
 
 def _by_path(tree: Any) -> dict[str, Any]:

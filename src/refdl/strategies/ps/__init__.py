@@ -47,7 +47,7 @@ from refdl.core.optim import make_optimizer_for
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
 from refdl.parallel.processes import data_comm, launched_rank
-from refdl.strategies.base import Batch, History, Strategy, register
+from refdl.strategies.base import Batch, History, Strategy, abstract, register
 from refdl.strategies.ps.simulate import Simulator
 from refdl.strategies.ps.ssp import TRAILER, Layout, histogram, staleness_of
 
@@ -125,6 +125,18 @@ class ParameterServer(Strategy):
     def share(self, step: int, worker: int) -> Batch:
         """Worker ``worker``'s share of the global batch of ``step`` (from the batch source)."""
         return worker_share(self.batches(step), worker, self.w)
+
+    def compiled_steps(self) -> list[Any]:
+        """A worker's gradient program on its share of a batch and each server's update
+        of its shard, compiled from shapes alone (under mpirun rank 0, which writes the
+        summary, is a server and never runs the workers' program)."""
+        params = self.task.model.abstract_params(self.task.sample_x)
+        share = {k: abstract(v) for k, v in self.share(0, 0).items()}
+        programs = [self.grads.lower(params, share).compile()]
+        for leaves in self.layout.split(params):
+            opt = jax.eval_shape(self.opt.init, leaves)
+            programs.append(self.update.lower(leaves, opt, leaves, 1.0).compile())
+        return programs
 
     # ----- one step of the loop: W gradient applications -----
 
