@@ -81,3 +81,29 @@ def digits():
     from refdl.data import load_dataset
 
     return load_dataset("digits")
+
+
+def _hosts_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "hosts.sh"), *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def test_hosts():
+    """Two test hosts, ``refdl-h1`` and ``refdl-h2`` (``scripts/hosts.sh up 2``: network and
+    UTS namespaces joined by veth pairs to a bridge), removed after the session; skipped,
+    saying why, where they cannot be made (not root, no ``ip``/``nsenter``/``unshare``)."""
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (network namespaces)")
+    missing = [t for t in ("ip", "nsenter", "unshare") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"test hosts need {', '.join(missing)}")
+    _hosts_script("down")  # hosts a killed session left behind
+    made = _hosts_script("up", "2")
+    if made.returncode != 0:
+        _hosts_script("down")
+        pytest.skip(f"cannot make test hosts here: {made.stderr.strip()[-300:]}")
+    try:
+        yield ["refdl-h1", "refdl-h2"]
+    finally:
+        _hosts_script("down")

@@ -1,7 +1,11 @@
-"""``refdl launch -n N COMMAND ARGS``: run a refdl command on N ranks under ``mpirun``.
+"""``refdl launch -n N COMMAND ARGS``: run a refdl command on N ranks under ``mpirun``,
+on this machine or across hosts.
 
-    .venv/bin/refdl launch -n 4 train --strategy ps --ps-mode async
+    .venv/bin/refdl launch -n 4 train --strategy ps --ps-mode async --batch-size 96
     .venv/bin/refdl launch -n 2 train --strategy data --out runs/d
+    .venv/bin/refdl launch --hosts node1:4,node2:4 train --strategy data   # ssh to the hosts
+    bash scripts/hosts.sh up 2 && .venv/bin/refdl launch --hosts refdl-h1:2,refdl-h2:2 \\
+        --launch-agent "bash scripts/hosts.sh agent" train --strategy data --devices 4
 
 The same as ``mpirun -n N .venv/bin/python -m refdl.COMMAND ARGS`` (with the venv's
 mpirun, ``--oversubscribe``, root allowed and the malloc settings of
@@ -11,15 +15,25 @@ and exits 1 without their output, while through ``launch`` every rank stops afte
 the step in flight, rank 0 writes a checkpoint that ``--resume`` continues, each rank
 prints one line, and the exit status is 130 (SIGINT) or 143 (SIGTERM). With plain
 mpirun, ``kill -USR1 <mpirun pid>`` does the same as Ctrl-C through ``launch``.
+
+Across hosts (``--hosts NAME:RANKS,...`` or ``--hostfile F``; ``-n`` defaults to their
+ranks) the ranks fill the hosts in order; mpirun starts its daemons with ``ssh``, or
+with ``--launch-agent CMD`` (called as ``CMD HOST COMMAND``; relative paths in it are
+taken from here). When this machine is not one of the hosts and an agent is given,
+mpirun itself runs on the first host. The hosts must share this folder's path (the venv
+and the run folder), as on a cluster's shared file system.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from refdl.cli import Parser
 from refdl.config.values import Int
+from refdl.errors import UsageError
+from refdl.parallel.hosts import agent_words, parse_hosts, read_hostfile
 from refdl.parallel.processes import launch
 
 COMMANDS = {"train": "refdl.train", "validate": "refdl.validate", "bench": "refdl.bench"}
@@ -28,14 +42,39 @@ COMMANDS = {"train": "refdl.train", "validate": "refdl.validate", "bench": "refd
 def main(argv: list[str] | None = None) -> int:
     p = Parser(name="refdl.launch", prog="refdl launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("-n", "--ranks", type=int, required=True, help="MPI ranks")
+    p.add_argument("-n", "--ranks", type=int, help="MPI ranks (default: the hosts' ranks)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="NAME:RANKS,...", help="the hosts and ranks on each")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="one host a line: NAME, NAME:RANKS or NAME slots=RANKS")  # fmt: skip
+    p.add_argument("--launch-agent", metavar="CMD",
+                   help="runs a command on a host in place of ssh: CMD HOST COMMAND")  # fmt: skip
     p.add_argument("command", choices=sorted(COMMANDS), help="the refdl command to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
-    if problem := Int(min=1, max=4096).problem(args.ranks):
-        p.error(f"-n must be {problem}")
     try:
-        return launch(args.ranks, ["-m", COMMANDS[args.command], *args.args])
+        hosts = None
+        if args.hosts is not None:
+            hosts = parse_hosts(args.hosts)
+        elif args.hostfile is not None:
+            hosts = read_hostfile(args.hostfile)
+        agent = None
+        if args.launch_agent is not None:
+            if hosts is None:
+                raise UsageError("--launch-agent needs --hosts or --hostfile")
+            agent = agent_words(args.launch_agent, Path.cwd())
+        slots = sum(h.slots for h in hosts) if hosts else None
+        ranks = args.ranks if args.ranks is not None else slots
+        if ranks is None:
+            raise UsageError("give -n RANKS, or --hosts/--hostfile")
+        if problem := Int(min=1, max=4096).problem(ranks):
+            raise UsageError(f"-n must be {problem}")
+        if slots is not None and ranks > slots:
+            raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
+                             "raise their RANKS or lower -n")  # fmt: skip
+        return launch(ranks, ["-m", COMMANDS[args.command], *args.args], hosts, agent)
+    except UsageError as e:
+        p.error(str(e))
     except FileNotFoundError as e:
         print(f"refdl.launch: error: {e}", file=sys.stderr)
         return 2

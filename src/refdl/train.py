@@ -20,8 +20,8 @@ folder's ``config.json``.
 
 Exit status: 0 done; 2 bad input (one line on stderr says what to change);
 1 the loss became NaN/Inf or a file could not be written (the last good checkpoint
-is kept); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint of the last
-completed step was written first).
+is kept); 3 under mpirun, a rank was lost or made no progress; 130 / 143 interrupted by
+SIGINT / SIGTERM (a checkpoint of the last completed step was written first).
 """
 
 from __future__ import annotations

@@ -17,14 +17,17 @@ Rank and size are read from the launcher's environment first, so a plain
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +35,9 @@ from typing import Any
 
 import jax
 
+from refdl.errors import UsageError
+from refdl.parallel import liveness
+from refdl.parallel.hosts import Host, mpirun_on_hosts
 from refdl.parallel.signals import STOPPER
 
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
@@ -48,6 +54,7 @@ MALLOC_TUNABLES = (
     "glibc.malloc.trim_threshold=4294967296"
 )
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+LOST_GRACE_S = 5.0  # after a rank reported a lost rank, mpirun's time to end by itself
 
 
 def keep_freed_memory() -> bool:
@@ -68,11 +75,13 @@ def keep_freed_memory() -> bool:
 
 
 def launched_size() -> int:
-    """The number of ranks the launcher started (1 without a launcher)."""
+    """The number of ranks the launcher started (1 without a launcher): mpirun's, or an
+    srun task's (``slurm_task``)."""
     for var in _SIZE_VARS:
         if os.environ.get(var):
             return int(os.environ[var])
-    return 1
+    task = slurm_task()
+    return task[1] if task else 1
 
 
 def launched_rank() -> int:
@@ -80,12 +89,70 @@ def launched_rank() -> int:
     for var in _RANK_VARS:
         if os.environ.get(var):
             return int(os.environ[var])
-    return 0
+    task = slurm_task()
+    return task[0] if task else 0
+
+
+# What an srun task needs from Slurm's environment (jax's own Slurm detection ignores a
+# partial one silently, jax-ml/jax#30073: here it is a one-line error).
+SLURM_TASK_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+                   "SLURM_PROCID", "SLURM_LOCALID")  # fmt: skip
+
+
+def slurm_task() -> tuple[int, int] | None:
+    """``(rank, size)`` of a task srun started (``SLURM_STEP_ID`` is set in srun's tasks,
+    not in a batch script or an allocation's shell, which run alone); None elsewhere.
+    A task whose environment lacks one of ``SLURM_TASK_VARS`` is a UsageError."""
+    if "SLURM_STEP_ID" not in os.environ or os.environ.get("OMPI_COMM_WORLD_SIZE"):
+        return None
+    missing = [v for v in SLURM_TASK_VARS if not os.environ.get(v)]
+    if missing:
+        raise UsageError(
+            f"srun's environment is partial ({', '.join(missing)} missing): start the "
+            "tasks with srun itself, or unset SLURM_STEP_ID to run one process"
+        )
+    bad = [v for v in ("SLURM_NTASKS", "SLURM_PROCID") if not os.environ[v].isdigit()]
+    if bad:
+        raise UsageError(f"srun's environment: {', '.join(bad)} is not a number")
+    return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+
+
+def slurm_coordinator() -> str:
+    """``HOST:PORT`` of an srun step's ``jax.distributed`` coordinator: the step's first
+    node, a port from the job and step ids (every task computes the same one)."""
+    nodes = expand_nodelist(os.environ["SLURM_STEP_NODELIST"])
+    job, step = int(os.environ["SLURM_JOB_ID"]), int(os.environ["SLURM_STEP_ID"])
+    return f"{nodes[0]}:{61440 + (job * 31 + step) % 4096}"
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Slurm's compressed host list (``node[001-003,007],login1``) as names."""
+    names = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", text):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for k in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{prefix}{k:0{len(lo)}d}")
+    return names
 
 
 def under_mpi() -> bool:
     """Whether this process is one of several ranks started by ``mpirun``."""
     return launched_size() > 1
+
+
+def check_world() -> None:
+    """Under a launcher, MPI must see the ranks it started: srun without Slurm's PMIx
+    plugin leaves each task alone in a world of one."""
+    if under_mpi() and comm().Get_size() != launched_size():
+        raise UsageError(
+            f"the launcher started {launched_size()} tasks but MPI sees "
+            f"{comm().Get_size()}: run srun with --mpi=pmix (or MpiDefault=pmix in slurm.conf)"
+        )
 
 
 def comm() -> Any:
@@ -107,7 +174,10 @@ def settle_before_exit(timeout_s: float = 5.0) -> None:
     before exiting with an error: the launcher kills the other ranks as soon as one exits
     non-zero, which could cut a rank off before it printed its own line. A rank whose
     error the others do not share waits out the timeout, then exits."""
-    if not under_mpi():
+    try:
+        if not under_mpi():
+            return
+    except UsageError:  # a launcher's environment that is itself the error
         return
     request = comm().Ibarrier()
     deadline = time.monotonic() + timeout_s
@@ -160,20 +230,25 @@ def mpirun_env() -> dict[str, str]:
 def init_spmd(timeout_s: float = 120.0) -> None:
     """Join every rank into one JAX runtime (``jax.distributed``) with CPU collectives.
 
-    Rank 0 chooses a free local port for the coordinator and broadcasts it over
-    MPI. Call before anything touches JAX's backend; idempotent.
+    Under srun the coordinator is the step's first node at a port from the job and step
+    ids (``slurm_coordinator``); under mpirun rank 0 chooses a free port on its host (its
+    loopback address when every rank is on it) and broadcasts it over MPI. Call before
+    anything touches JAX's backend; idempotent.
     """
     if getattr(init_spmd, "done", False):
         return
     world = comm()
     rank, size = world.Get_rank(), world.Get_size()
-    address = None
-    if rank == 0:
-        host = os.environ.get("REFDL_COORDINATOR_HOST") or _local_host(size)
-        with socket.socket() as s:
-            s.bind(("", 0))
-            address = f"{host}:{s.getsockname()[1]}"
-    address = world.bcast(address, root=0)
+    hosts = rank_hosts()
+    if slurm_task() is not None:
+        address = slurm_coordinator()
+    else:
+        address = None
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                address = f"{_rank0_host(hosts)}:{s.getsockname()[1]}"
+        address = world.bcast(address, root=0)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         address,
@@ -185,12 +260,13 @@ def init_spmd(timeout_s: float = 120.0) -> None:
     init_spmd.done = True
 
 
-def _local_host(size: int) -> str:
-    """127.0.0.1 when every rank is on this host, else this host's name."""
-    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-    if local is None or int(local) == size:
-        return "127.0.0.1"
-    return socket.gethostname()
+def _rank0_host(hosts: list[str]) -> str:
+    """The name under which the other ranks reach rank 0 (call on rank 0):
+    ``REFDL_COORDINATOR_HOST`` if set, 127.0.0.1 when every rank is on this host, else
+    this host's name."""
+    if os.environ.get("REFDL_COORDINATOR_HOST"):
+        return os.environ["REFDL_COORDINATOR_HOST"]
+    return "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostname()
 
 
 class Watchdog:
@@ -221,13 +297,11 @@ class Watchdog:
             idle = time.monotonic() - self._last
             if idle > self.timeout_s:
                 rank, size = launched_rank(), launched_size()
-                print(
-                    f"refdl.train: error: rank {rank}/{size} made no progress for "
-                    f"{idle:.0f} s (limit --timeout {self.timeout_s:g}): a peer died or "
-                    "hangs; aborting every rank",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                line = (f"rank {rank}/{size} made no progress for {idle:.0f} s (limit "
+                        f"--timeout {self.timeout_s:g}): a peer died or hangs; aborting "
+                        "every rank")  # fmt: skip
+                liveness.record_for_launcher(line)
+                print(f"refdl.train: error: {line}", file=sys.stderr, flush=True)
                 comm().Abort(3)
                 os._exit(3)  # not reached: Abort ends the process
 
@@ -248,22 +322,105 @@ def barrier() -> None:
         comm().Barrier()
 
 
+def watch_peers(hosts: list[str], timeout_s: float, prog: str = "refdl.train") -> Any:
+    """Under mpirun, the heartbeats through which every rank learns that another was lost
+    (``refdl.parallel.liveness``; every rank calls it at the same point); else None."""
+    if not under_mpi():
+        return None
+    address = socket.gethostbyname(_rank0_host(hosts)) if launched_rank() == 0 else ""
+    return liveness.start(comm(), hosts, address, timeout_s, prog)
+
+
+@functools.lru_cache(maxsize=1)
+def rank_hosts() -> list[str]:
+    """Each rank's host name, in rank order (every rank calls it, first at the same point)."""
+    here = socket.gethostname()
+    return comm().allgather(here) if under_mpi() else [here]
+
+
 def broadcast(value: Any) -> Any:
     """Under mpirun, rank 0's ``value`` on every rank; in one process, ``value``."""
     return comm().bcast(value, root=0) if under_mpi() else value
 
 
-def launch(ranks: int, argv: list[str]) -> int:
-    """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``) and return
-    its exit status; SIGINT and SIGTERM reaching this process are passed on as SIGUSR1 and
+def _become_subreaper() -> bool:
+    """Make this process the one that orphaned descendants are reparented to (Linux's
+    PR_SET_CHILD_SUBREAPER), so that it can wait for ranks mpirun left running."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans(limit_s: float) -> None:
+    """Wait at most ``limit_s`` for the descendants reparented to this process to end, then
+    kill the rest (a rank still waiting for a host that is gone)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid:
+            continue
+        if time.monotonic() > deadline:  # (a killed child's own children come to us next)
+            for child in _children():
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _children() -> list[int]:
+    """This process's children (from /proc)."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
+           agent: list[str] | None = None) -> int:  # fmt: skip
+    """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``; on
+    ``hosts`` through the launch ``agent``, ``refdl.parallel.hosts``) and return its exit
+    status; SIGINT and SIGTERM reaching this process are passed on as SIGUSR1 and
     SIGUSR2, which mpirun forwards to the ranks without ending the job (see
     ``Stopper.MEANS``), so every rank stops after the step in flight and rank 0
     checkpoints it."""
-    proc = subprocess.Popen(mpirun_command(ranks, argv), env=mpirun_env())
+    env = mpirun_env()
+    cmd = mpirun_command(ranks, argv)
+    if hosts:
+        cmd = mpirun_on_hosts(cmd, hosts, agent, env)
+    # where a rank leaves its line when a rank is lost (the hosts share this folder)
+    scratch = Path(tempfile.mkdtemp(prefix=".refdl-launch-", dir="." if hosts else None))
+    record = scratch / "record"
+    env[liveness.RECORD_VAR] = str(record.absolute())
+    subreaper = _become_subreaper()  # ranks mpirun leaves behind become our children
+    proc = subprocess.Popen(cmd, env=env)
     relay = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
     old = {s: signal.signal(s, lambda sig, _f: proc.send_signal(relay[sig])) for s in relay}
     try:
-        return proc.wait()
+        status, noticed = None, None
+        while status is None:
+            try:
+                status = proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if noticed is None and any(scratch.glob("record*")):
+                    noticed = time.monotonic()
+                if noticed is not None and time.monotonic() - noticed > LOST_GRACE_S:
+                    proc.kill()  # mpirun waits for the daemon of a host it cannot reach
+                    status = proc.wait()
+        if subreaper:  # mpirun exits when it loses a host's daemon, its ranks still running
+            _reap_orphans(LOST_GRACE_S)
+        found = [record] if record.exists() else sorted(scratch.glob("record.*"))
+        if found:  # rank 0's finding, else another rank's
+            line = found[0].read_text(errors="replace").strip()
+            print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
+            return liveness.EXIT_LOST
+        return status
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        shutil.rmtree(scratch, ignore_errors=True)

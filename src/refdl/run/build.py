@@ -37,6 +37,7 @@ class Run:
     task: Task
     plan: Plan
     strategy: Strategy
+    hosts: list[str] = dataclasses.field(default_factory=list)  # each rank's host name
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """The global batch of ``step`` in the shared deterministic order."""
@@ -60,6 +61,10 @@ def build(spec: RunSpec) -> Run:
     ranks = processes.launched_size()
     check_launch(spec, spec.strategy, cls.traits, ranks)
     if ranks > 1:
+        processes.check_world()
+        processes.data_comm()  # collectives (a Dup, an allgather): where every rank comes
+    hosts = processes.rank_hosts()
+    if ranks > 1:
         spec = dataclasses.replace(spec, devices=ranks)
         if cls.traits.multiprocess == "spmd":
             processes.init_spmd(spec.timeout)
@@ -73,7 +78,7 @@ def build(spec: RunSpec) -> Run:
     devices = _devices(spec, checked, ranks)
     batches = functools.partial(global_batch, dataset, spec)
     strategy = cls.executor(checked)(task, spec, checked, devices, batches)
-    return Run(spec, dataset, task, checked, strategy)
+    return Run(spec, dataset, task, checked, strategy, hosts)
 
 
 def _devices(spec: RunSpec, checked: Plan, ranks: int) -> list[Any]:

@@ -14,6 +14,7 @@ takes the window's wall time per step as the step time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -64,19 +65,24 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     try:
         run = build(spec)
         spec, strategy = run.spec, run.strategy
-        out = Path(out or spec.out or default_out_dir())
-        primary = processes.launched_rank() == 0
-        state, start = _initial_state(run)
-        if not strategy.drives_loop:  # a parameter-server worker or secondary server
-            _serve(strategy, state, start, spec.timeout)
-            return {}
-        stopper.armed = True  # from here a signal stops the loop after a step, cleanly
-        folder = _open_folder(out, spec, primary)
-        stopper.run_dir = str(out.absolute())
+        peers = processes.watch_peers(run.hosts, spec.timeout)  # a lost rank ends every rank
         try:
-            return _Loop(run, out, primary, state, start, t_start).train()
+            out = Path(out or spec.out or default_out_dir())
+            primary = processes.launched_rank() == 0
+            state, start = _initial_state(run)
+            if not strategy.drives_loop:  # a parameter-server worker or secondary server
+                _serve(strategy, state, start, spec.timeout)
+                return {}
+            stopper.armed = True  # from here a signal stops the loop after a step, cleanly
+            folder = _open_folder(out, spec, primary)
+            stopper.run_dir = str(out.absolute())
+            try:
+                return _Loop(run, out, primary, state, start, t_start, peers).train()
+            finally:
+                folder.close()
         finally:
-            folder.close()
+            if peers is not None:
+                peers.close()
     finally:
         stopper.run_dir = None
         if installed_here:  # a library call: hand the signals back (a CLI keeps them armed)
@@ -135,8 +141,11 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
 class _Loop:
     """One run of the loop: the trajectory, and what is logged, evaluated and saved."""
 
-    def __init__(self, run, out, primary, state, start, t_start) -> None:
+    def __init__(self, run, out, primary, state, start, t_start, peers=None) -> None:
         self.run, self.spec, self.strategy = run, run.spec, run.strategy
+        self.peers = peers  # the heartbeats (liveness.Monitor) under mpirun
+        if peers is not None and primary:
+            peers.on_lost = self._lost
         self.out, self.primary, self.state, self.start = out, primary, state, start
         self.stop, self.t_start = processes.STOPPER, t_start
         self.watchdog = processes.Watchdog(run.spec.timeout) if processes.under_mpi() else None
@@ -145,6 +154,7 @@ class _Loop:
         self.last_eval: dict[str, float] = {}
         self.eval_fn = eval_program(run)
         self.ckpt_dir = out / "checkpoints"
+        self.saved = []
 
     def _sync_at(self, done: int) -> bool:
         s = self.spec
@@ -185,6 +195,8 @@ class _Loop:
             status, reason, whole = "failed", _write_failure(e, self.ckpt_dir), False
             raise WriteError(reason) from None
         except BaseException as e:
+            if self.peers is not None:  # a collective failing because a rank was lost?
+                self.peers.settle()  # then the heartbeats end this rank with that line
             status, reason, whole = "failed", f"{type(e).__name__}: {e}", False
             raise
         finally:
@@ -223,6 +235,8 @@ class _Loop:
         self.pending.append((step.done, step.metrics))
         if self.bar is not None:
             self.bar.update(1)
+        if self.peers is not None:
+            self.peers.step = step.done
         if step.seconds is None:
             return
         self._read_pending()
@@ -299,6 +313,7 @@ class _Loop:
     # -- checkpoints and the summary --------------------------------------------------------
 
     checkpoint_written: Path | None = None
+    saved: list[tuple[Path, float]]  # (checkpoint, when) this run saved, for ``_lost``
 
     def _save_checkpoint(self) -> None:
         self._read_pending()  # never save a state whose losses were not checked
@@ -308,6 +323,24 @@ class _Loop:
             self.checkpoint_written = checkpoint.save(
                 self.ckpt_dir, host, meta, keep=self.spec.keep_checkpoints
             )
+            self.saved.append((self.checkpoint_written, time.monotonic()))
+
+    def _lost(self, line: str, since: float) -> str:
+        """A rank was lost (called from ``liveness`` on rank 0, the main thread waiting in
+        a collective): checkpoints saved after it was last heard from are set aside as
+        ``untrusted_step_N`` (``--resume`` never takes them), the failure is written to
+        ``summary.json``, and the line every rank prints is returned with the last good
+        checkpoint."""
+        for path, saved in self.saved:
+            if saved > since and path.is_dir():
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_name(f"untrusted_{path.name}"))
+        last = _last_checkpoint(self.ckpt_dir)
+        line += f"; the last good checkpoint is {last}" if last else "; no checkpoint was written"
+        if hasattr(self, "writer"):
+            record = {"status": "failed", "reason": line, "run_dir": str(self.out)}
+            self.writer.json("summary.json", {**record, "last_checkpoint": last})
+        return line
 
     def _finish(self, status: str, reason: str | None, whole: bool) -> dict[str, Any]:
         """Write ``summary.json``: evaluated and complete when the state is whole, else only

@@ -108,6 +108,11 @@ def params_l2_norm(params: Any) -> float:
     )
 
 
+def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
+    """Each host's ranks, hosts in the order of their first rank (``hosts`` in the summary)."""
+    return {h: [r for r, x in enumerate(hosts) if x == h] for h in dict.fromkeys(hosts)}
+
+
 def peak_memory() -> tuple[int | None, str]:
     """Peak memory in bytes and where it came from (device allocator, else host RSS)."""
     try:
@@ -305,6 +310,7 @@ def summary(
         "optimizer": spec.optimizer,
         "lr": spec.lr,
         "seed": spec.seed,
+        "hosts": ranks_by_host(run.hosts),
         "backend": jax.default_backend(),
         "jax_version": jax.__version__,
     }
