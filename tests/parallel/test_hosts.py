@@ -154,6 +154,23 @@ def test_two_hosts_decentralized_equals_its_oracle(tmp_path, test_hosts):
     assert_same(params(out), params(oracle))
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_two_host_hybrid_checkpoint_resumes_resharded_in_one_process(tmp_path, test_hosts):
+    """hybrid data=2 x model=2 across the hosts for 20 steps (Adam), then ``--reshard`` as
+    ``single`` for 20 more: one device's 40 steps (rtol 1e-5, atol 5e-5: Adam's fp32
+    noise, tests/run/test_reshard.py)."""
+    adam = ("--model", "mlp", "--optimizer", "adam", "--lr", "0.003", "--eval-every", "0")
+    run, ref = tmp_path / "hybrid", tmp_path / "single"
+    ok(across_hosts(run, "--strategy", "hybrid", "--mesh", "data=2,model=2", *adam,
+                    "--steps", "20"))  # fmt: skip
+    ok(train(run, "--resume", str(run), "--reshard", "--strategy", "single", "--steps", "40"))
+    ok(train(ref, "--strategy", "single", *adam, "--steps", "40"))
+    got, want = params(run), params(ref)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=5e-5, err_msg=k)
+
+
 # ----- a lost host ----------------------------------------------------------------------
 
 
@@ -198,11 +215,21 @@ def check_lost(proc: subprocess.Popen, out: Path, gone: float, bound: float) -> 
 
 
 @pytest.mark.mpi
-def test_a_killed_host_ends_every_rank_naming_it(tmp_path, test_hosts):
+def test_a_killed_host_ends_every_rank_and_the_rest_carry_on(tmp_path, test_hosts):
     """SIGKILL to every process on refdl-h2: the connections reset, every rank on
-    refdl-h1 ends with exit status 3 (measured: 0.35 s, 2026-11-25)."""
+    refdl-h1 ends with exit status 3 (measured: 0.35 s, 2026-11-25). The run then goes on
+    on the host that remains (--reshard, 2 ranks) and ends where one device does."""
     proc, out, gone = lose_a_host(tmp_path, "kill")
     check_lost(proc, out, gone, bound=10)
+    ckpt = json.loads((out / "summary.json").read_text())["last_checkpoint"]
+    steps = str(int(Path(ckpt).name.removeprefix("step_")) + 10)
+    ok(launch("--hosts", "refdl-h1:2", "--launch-agent", AGENT, "train", "--resume", str(out),
+              "--reshard", "--strategy", "data", "--steps", steps, "--no-progress"))  # fmt: skip
+    ref = tmp_path / "single"
+    ok(train(ref, "--strategy", "single", "--model", "mlp", "--steps", steps, "--eval-every", "0"))
+    assert_same(params(out), params(ref))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "completed" and s["hosts"] == {"refdl-h1": [0, 1]}
 
 
 @pytest.mark.mpi

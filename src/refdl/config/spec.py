@@ -48,10 +48,12 @@ RUN_CONTROL_KEYS = (
     "timeout",
     "plot_schedule",
     "overwrite",
+    "reshard",
 )
-# Settings that say where a run writes (or whether it may replace a run): taken from the
-# command line only, never from a checkpoint, a recipe or any other file.
-OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule")
+# Settings that say where a run writes (or whether it may replace a run, or take another
+# layout on resuming): taken from the command line only, never from a checkpoint, a recipe
+# or any other file.
+OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule", "reshard")
 
 
 def option(
@@ -71,8 +73,12 @@ def _section(group: str) -> Any:
 
 WHAT = _section("what to train")
 OPTIMIZATION = _section("optimization")
-DEVICES = _section("devices and strategies")
-WORKERS = _section("parameter server and decentralized (also under mpirun)")
+DEVICES_GROUP, WORKERS_GROUP = (
+    "devices and strategies",
+    "parameter server and decentralized (also under mpirun)",
+)
+DEVICES = _section(DEVICES_GROUP)
+WORKERS = _section(WORKERS_GROUP)
 OUTPUT = _section("output")
 
 
@@ -253,6 +259,11 @@ class RunSpec:
     overwrite: bool = OUTPUT(
         False, Flag(), "replace an --out folder that holds another run (never needed for --resume)"
     )
+    reshard: bool = OUTPUT(
+        False,
+        Flag(),
+        "with --resume: continue under another synchronous strategy, mesh or device count",
+    )
 
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
@@ -277,6 +288,8 @@ class RunSpec:
                 "--workers sets the simulated worker count: add --simulate (under mpirun the "
                 "ranks are the workers)"
             )
+        if self.reshard and not self.resume:
+            raise UsageError("--reshard continues a checkpoint on another layout: add --resume RUN")
         if self.ps_trace is not None and not self.simulate:
             raise UsageError("--ps-trace replays a recorded run in the simulator: add --simulate")
         straggler_of(self.straggler)
@@ -343,6 +356,20 @@ def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str
             raise UsageError(f"{flag_name} takes KEY=VALUE (got {item!r})")
         out.append((key.strip(), value.strip()))
     return tuple(out)
+
+
+# What ``--reshard`` may change when resuming: where and how the state is split (the
+# strategy, its devices and mesh, every strategy's options) and recomputation. Everything
+# else says what is trained and how, and must agree with the checkpoint's.
+LAYOUT_KEYS = (
+    "strategy",
+    "remat",
+    *(
+        f.name
+        for f in dataclasses.fields(RunSpec)
+        if f.metadata["group"] in (DEVICES_GROUP, WORKERS_GROUP)
+    ),
+)
 
 
 def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:

@@ -29,6 +29,24 @@ class TrainState:
     extras: PyTree = struct.field(default_factory=dict)
 
 
+def place(tree: PyTree, shardings: Any) -> PyTree:
+    """Host arrays onto devices as ``shardings`` says (one sharding or device for the whole
+    tree, or a tree of them, as for ``jax.device_put``), each device taking only its own
+    slice (``jax.make_array_from_callback``). Across processes nothing moves between hosts:
+    ``jax.device_put`` of a host array first checks that every process holds the same
+    value, an all-gather of the whole state through every host."""
+
+    def one(x: Any, sh: Any) -> Any:
+        if isinstance(sh, jax.Device):
+            sh = jax.sharding.SingleDeviceSharding(sh)
+        if isinstance(x, jax.Array):
+            return jax.device_put(x, sh)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sh, lambda index: x[index])
+
+    return jax.tree.map(lambda sh, part: jax.tree.map(lambda x: one(x, sh), part), shardings, tree)
+
+
 def to_host(tree: PyTree) -> PyTree:
     """Every leaf as a NumPy array on the host (gathers sharded arrays).
 

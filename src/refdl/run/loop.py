@@ -126,10 +126,19 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
     spec, strategy = run.spec, run.strategy
     if not spec.resume:
         return strategy.init_state(spec.seed), 0
-    choice = checkpoint.resolve(spec.resume, spec.to_dict())  # of this configuration only
+    # of this configuration only; with --reshard, the checkpoint its settings named
+    choice = checkpoint.resolve(spec.resume, None if spec.reshard else spec.to_dict())
     if processes.launched_rank() == 0:
         print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
-    host = checkpoint.restore(choice, strategy.host_template(spec.seed))
+    try:
+        host = checkpoint.restore(choice, strategy.host_template(spec.seed))
+    except UsageError as e:
+        if not spec.reshard:
+            raise
+        raise UsageError(  # e.g. a compressed run's error feedback, which no layout takes
+            f"--reshard: {choice.path} holds a state that {spec.strategy} does not (state "
+            "beyond the parameters and optimizer, or another model); it cannot be resharded"
+        ) from e
     step = int(np.asarray(host.step).reshape(-1)[0])
     if step > spec.steps:
         raise UsageError(

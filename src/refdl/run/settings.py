@@ -17,7 +17,14 @@ from typing import Any
 from refdl.config.files import load_json
 from refdl.config.mesh import MeshSpec
 from refdl.config.plan import check_options
-from refdl.config.spec import OUTPUT_KEYS, RunSpec, config_key, differing, flag
+from refdl.config.spec import (
+    LAYOUT_KEYS,
+    OUTPUT_KEYS,
+    RunSpec,
+    config_key,
+    differing,
+    flag,
+)
 from refdl.errors import UsageError
 from refdl.parallel import processes
 from refdl.run import checkpoint
@@ -53,6 +60,8 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     named = checkpoint.is_checkpoint(explicit["resume"])
     choice = checkpoint.resolve(explicit["resume"], None if named else config)
     path, saved = choice.path, choice.meta["spec"]
+    if explicit.get("reshard"):
+        return resharded_settings(explicit, path, saved)
     other = named and config is not None and config_key(config) != config_key(saved)
     if other and Path(explicit.get("out", folder)).resolve() == Path(folder).resolve():
         keys = ", ".join(differing(config, saved)[:4]) or "settings"
@@ -65,15 +74,54 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     diff = differing(saved, explicit)
     if diff:
         parts = ", ".join(f"{flag(k)} {explicit[k]!r} (the run has {saved[k]!r})" for k in diff)
+        layout = set(diff) <= set(LAYOUT_KEYS)
+        other = "add --reshard to continue on this layout, " if layout else ""
         raise UsageError(
             f"--resume {explicit['resume']}: {parts}; drop these flags to continue the run as "
-            "it was started, or start a new run without --resume"
+            f"it was started, {other}or start a new run without --resume"
         )
     # Where a run writes comes from the command line only, never from a file.
     base = {k: v for k, v in saved.items() if k not in OUTPUT_KEYS}
     if "out" not in explicit:
         explicit = {**explicit, "out": str(path.parent.parent)}
     return {**base, **explicit}
+
+
+def resharded_settings(
+    explicit: dict[str, Any], path: Path, saved: dict[str, Any]
+) -> dict[str, Any]:
+    """``--resume RUN --reshard``: the checkpoint at ``path`` (written with settings
+    ``saved``) continued under the layout the command line gives - strategy, devices, mesh,
+    every strategy's options, recomputation (``LAYOUT_KEYS``; the saved strategy when none
+    is given, the rest at their defaults) - while everything else must agree. Both
+    strategies must be synchronous and hold one state (not ps or decentralized): then the
+    trajectory goes on as one device's would, the data order included (a pure function of
+    the seed, the step and the global batch, whatever the data-parallel degree)."""
+    old = saved.get("strategy", "single")
+    new = explicit.get("strategy", old)
+    for name, whose in ((old, "the checkpoint's"), (new, "the new")):
+        t = traits_of(name)
+        mode = saved.get("ps_mode") if name == old else explicit.get("ps_mode")
+        if t.workers or t.servers or not t.synchronous_with(mode):
+            raise UsageError(
+                f"--reshard: {whose} strategy {name} does not hold one state of the whole "
+                "model; resharding moves the state of single, data, fsdp, model, context, "
+                "hybrid and pipeline runs"
+            )
+    base = {k: v for k, v in saved.items() if k not in OUTPUT_KEYS and k not in LAYOUT_KEYS}
+    given = {k: v for k, v in explicit.items() if k not in LAYOUT_KEYS}
+    diff = differing(base, given)
+    if diff:
+        parts = ", ".join(f"{flag(k)} {explicit[k]!r} (the run has {saved[k]!r})" for k in diff)
+        raise UsageError(
+            f"--resume {explicit['resume']} --reshard: {parts}; --reshard changes only where "
+            "the state lives (strategy, devices, mesh, their options), drop these flags"
+        )
+    if processes.under_mpi() and "devices" not in explicit:
+        explicit = {**explicit, "devices": processes.launched_size()}
+    out = explicit.get("out", str(path.parent.parent))
+    # the very checkpoint chosen, which the new layout's settings would not find by key
+    return {**base, "strategy": new, **explicit, "resume": str(path), "out": out}
 
 
 def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[str, Any]:

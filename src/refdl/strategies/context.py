@@ -24,7 +24,7 @@ from refdl.comm.allreduce import analytic_bytes
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import param_count, sequence_shard
-from refdl.core.state import TrainState
+from refdl.core.state import TrainState, place
 from refdl.parallel.context import (
     LOAD_BALANCE,
     attention_bytes,
@@ -80,7 +80,7 @@ class ContextParallel(Strategy):
         return state, {"loss": jax.lax.pmean(loss, AXIS)}
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        return jax.device_put(host_state, self.replicated)
+        return place(host_state, self.replicated)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         batch = {k: np.asarray(v)[:, self.token_order] for k, v in batch.items()}

@@ -28,7 +28,7 @@ from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import batch_axis, param_count
-from refdl.core.state import TrainState
+from refdl.core.state import TrainState, place
 from refdl.strategies.base import Batch, History, Strategy, last, register
 
 
@@ -105,7 +105,7 @@ class DataParallel(Strategy):
             host_state = host_state.replace(
                 extras=self.codec.init_extras(host_state.params, self.p)
             )
-        return jax.device_put(host_state, _broadcast(self.shardings, host_state))
+        return place(host_state, _broadcast(self.shardings, host_state))
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         state, metrics = self._step(state, jax.device_put(batch, self.batch_sharding))

@@ -42,7 +42,7 @@ from refdl.config.mesh import MeshSpec
 from refdl.config.plan import Traits
 from refdl.config.spec import straggler_of
 from refdl.core.layers import param_count
-from refdl.core.state import TrainState, to_host
+from refdl.core.state import TrainState, place, to_host
 from refdl.data.order import worker_share
 from refdl.parallel.processes import comm, data_comm, launched_rank
 from refdl.strategies.base import Batch, FirstCall, History, Strategy, last, register
@@ -176,7 +176,7 @@ class Decentralized(Strategy):
             return jax.device_put(jax.tree.map(lambda x: x[self.rank], host_state))
         if self.mode == "serial":
             return jax.device_put(host_state, self.devices[0])
-        return jax.device_put(host_state, self.sharding)
+        return place(host_state, self.sharding)
 
     def gather_state(self, state: TrainState) -> TrainState:
         if self.mode != "mpi":

@@ -44,7 +44,7 @@ from refdl.config.plan import Traits
 from refdl.core.layers import Embed, PositionalEmbed, batch_axis
 from refdl.core.losses import LOSSES
 from refdl.core.moe import step_stats, with_step_stats
-from refdl.core.state import TrainState, to_host
+from refdl.core.state import TrainState, place, to_host
 from refdl.parallel.sharded import flat_pad, gather, gathered, padded, scatter, scattered, unflat
 from refdl.strategies.base import Batch, History, Strategy, last, memory_of, register
 
@@ -140,7 +140,7 @@ class FSDP(Strategy):
         )
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        return jax.device_put(self.to_layout(host_state), self.shardings)
+        return place(self.to_layout(host_state), self.shardings)
 
     def gather_state(self, state: TrainState) -> TrainState:
         return self.from_layout(to_host(state))

@@ -36,7 +36,7 @@ from refdl.config.plan import Plan, Traits
 from refdl.config.rules import degree, param_spec
 from refdl.core import conv
 from refdl.core.moe import moe_layers
-from refdl.core.state import TrainState
+from refdl.core.state import TrainState, place
 from refdl.parallel.context import LOAD_BALANCE, attention_bytes, attention_widths
 from refdl.parallel.expert import expert_bytes, expert_widths
 from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
@@ -121,7 +121,7 @@ class Hybrid(Strategy):
         )
 
     def place_state(self, host_state: TrainState) -> TrainState:
-        return jax.device_put(host_state, self.shardings)
+        return place(host_state, self.shardings)
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         batch = in_order(batch, self.order)

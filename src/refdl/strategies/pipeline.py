@@ -45,7 +45,7 @@ from refdl.config.rules import param_spec
 from refdl.core import conv
 from refdl.core.losses import LOSSES
 from refdl.core.moe import loss_scale
-from refdl.core.state import TrainState
+from refdl.core.state import TrainState, place
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
@@ -211,7 +211,7 @@ class Pipeline(Strategy):
 
     def place_state(self, host_state: TrainState) -> TrainState:
         return [  # type: ignore[return-value]
-            jax.device_put(self.stage_state(host_state, k), self.shardings[k])
+            place(self.stage_state(host_state, k), self.shardings[k])
             for k in range(len(self.chunks))
         ]
 
