@@ -34,7 +34,11 @@ up() {
   local n="${1:-}"
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le "$MAX" ] ||
     die "up takes a host count from 1 to $MAX (got '${n}')"
-  [ -z "$(hosts)" ] || die "hosts are already up ($(hosts | tr '\n' ' ')); run: bash scripts/hosts.sh down"
+  if [ -n "$(hosts)" ]; then
+    [ "$(hosts | wc -l)" = "$n" ] && [ -f "$STATE/count" ] &&
+      { echo "hosts.sh: already up: $(hosts | tr '\n' ' ')" >&2; return 0; }
+    die "other test hosts are up ($(hosts | tr '\n' ' ')); run: bash scripts/hosts.sh down"
+  fi
   mkdir -p "$STATE/uts"
   # a private bind mount, so the UTS namespaces can be kept as files in it
   mountpoint -q "$STATE" || { mount --bind "$STATE" "$STATE"; mount --make-private "$STATE"; }
@@ -103,7 +107,10 @@ agent() {
   while [ $# -gt 0 ] && [[ "$1" == -* ]]; do shift; done  # ssh options (e.g. -x)
   local h="$1"; shift
   [ $# -ge 1 ] || die "agent: no command for $h"
-  on_host "$h" sh -c "cd $(printf '%q' "$PWD") 2>/dev/null; $*"
+  # The hosts share this machine's cores: MPI ranks that busy-wait would keep the kernel
+  # from moving their packets across the bridge (a 1 KiB message took 8 ms, 36 us when
+  # the ranks yield; docs/distributed.md). Real hosts have cores of their own.
+  on_host "$h" sh -c "export OMPI_MCA_mpi_yield_when_idle=\${OMPI_MCA_mpi_yield_when_idle:-1}; cd $(printf '%q' "$PWD") 2>/dev/null; $*"
 }
 
 case "${1:-}" in

@@ -107,3 +107,7 @@ def test_hosts():
         yield ["refdl-h1", "refdl-h2"]
     finally:
         _hosts_script("down")
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert "refdl-" not in left, f"hosts.sh down left namespaces: {left}"
+        assert not Path("/run/refdl-hosts").exists()
+        assert not list(Path("/etc").glob("netns/refdl-*"))

@@ -124,8 +124,13 @@ def single_8(tmp_path_factory):
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     "args",
-    [("--strategy", "data"), ("--strategy", "hybrid", "--mesh", "data=2,model=2")],
-    ids=["data", "hybrid-d2m2"],
+    [
+        ("--strategy", "data"),
+        ("--strategy", "hybrid", "--mesh", "data=2,model=2"),
+        pytest.param(("--strategy", "fsdp", "--zero", "3"), marks=pytest.mark.slow),
+        pytest.param(("--strategy", "model"), marks=pytest.mark.slow),
+    ],
+    ids=["data", "hybrid-d2m2", "fsdp-zero3", "model"],
 )
 def test_two_hosts_equal_single(tmp_path, test_hosts, single_8, args):
     out = tmp_path / "run"

@@ -336,12 +336,14 @@ class _Loop:
 
     def _lost(self, line: str, since: float) -> str:
         """A rank was lost (called from ``liveness`` on rank 0, the main thread waiting in
-        a collective): checkpoints saved after it was last heard from are set aside as
-        ``untrusted_step_N`` (``--resume`` never takes them), the failure is written to
-        ``summary.json``, and the line every rank prints is returned with the last good
-        checkpoint."""
+        a collective): the failure is written to ``summary.json`` and the line every rank
+        prints is returned with the last good checkpoint. Where every step needs every
+        rank (``lockstep``), a saved step was completed by all, the lost one included;
+        elsewhere (a parameter server goes on with the workers it hears from) the
+        checkpoints saved after the lost rank was last heard from are set aside as
+        ``untrusted_step_N``, which ``--resume`` never takes."""
         for path, saved in self.saved:
-            if saved > since and path.is_dir():
+            if not self.strategy.lockstep and saved > since and path.is_dir():
                 with contextlib.suppress(OSError):
                     path.rename(path.with_name(f"untrusted_{path.name}"))
         last = _last_checkpoint(self.ckpt_dir)
