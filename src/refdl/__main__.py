@@ -2,6 +2,7 @@
 
 refdl train --strategy hybrid                  # train (python -m refdl.train)
 refdl predict --hw p100-nvlink --model resnet50 --workers 1,8,64
+refdl plan --hw a100-nvlink-ib-hdr --model gpt3-175b --devices 1024 --batch-size 1536
 refdl validate --framework torch --strategy data --model mlp
 refdl bench run recipes/digits-hybrid.toml
 refdl hw show local
@@ -17,6 +18,7 @@ COMMANDS = {
     "train": ("refdl.train", "train a model with a parallelism strategy"),
     "launch": ("refdl.launch", "run a command on N ranks under mpirun (signals handled)"),
     "predict": ("refdl.predict", "predict step time, scaling and collectives from a profile"),
+    "plan": ("refdl.plan", "the best parallel configuration for a model and a machine"),
     "validate": ("refdl.validate.__main__", "check a framework's training against refdl"),
     "bench": ("refdl.bench.__main__", "benchmarks: recipes, compare, predict-vs-measure"),
     "hw": ("refdl.hw.__main__", "hardware profiles: show one, calibrate this machine"),

@@ -81,6 +81,9 @@ class PredictOptions:
     cp: str = _opt("ring", Choice(CONTEXT_ATTENTION))
     sequence_parallel: bool = _opt(False, Flag())
     remat: str = _opt("none", Choice(REMAT))
+    # transformers on a mesh: ZeRO stage over the data axis (1: optimizer state split over
+    # it, 2: and the gradients; the fsdp axis is stage 3), moving the same bytes
+    data_zero: int = _opt(0, Int(min=0, max=2))
     precision: str = _opt("fp32", Text())  # checked by the profile (refdl.hw.profile)
 
     def validate(self) -> PredictOptions:
@@ -103,6 +106,7 @@ def compute_time(
     leaves: float = 0.0,
     transfer: tuple[float, float] = (0.0, 0.0),
     concurrent: bool = True,
+    turns: int | None = None,
 ) -> float:
     """Time of one device's share of a step, times ``sharing`` when that many devices
     share one host's cores (simulated devices), plus the host's work.
@@ -111,7 +115,8 @@ def compute_time(
     ``sharing`` devices; the hand-offs between operations (``[device.in_step]``) are
     waits, which overlap the other devices' operations when the devices run at once
     (``concurrent``: one SPMD call, or one process each) and add up when a host
-    executor runs them one after another (the pipeline's).
+    executor runs them one after another (the pipeline's: over its ``turns`` stages, each
+    an SPMD call over the devices of a stage; all ``sharing`` devices by default).
 
     Device: where the profile has operation rates (``[device.ops.*]``) and ``work``
     (``refdl.perf.ops.OpWork``) is given, the sum over operation kinds of Hockney's
@@ -138,7 +143,8 @@ def compute_time(
         host = calls * getattr(dev, "dispatch_s", 0.0)
     if "transfer" in rates and transfer[0]:
         host += rates["transfer"].time(transfer[1], transfer[0])
-    return (device - waits) * share + waits * (1 if concurrent else share) + host
+    in_turn = 1 if concurrent else min(share, turns or share)
+    return (device - waits) * share + waits * in_turn + host
 
 
 def exposed(comm_s: float, compute_s: float, overlap: float) -> float:

@@ -73,6 +73,33 @@ def host_work(m: ModelCost, batch: float, buffers: int = 1) -> dict:
     }
 
 
+def stage_walk(
+    m: ModelCost, batch: float, p: int, mb: int, schedule: str, chunks: int,
+    split: float = 1, buffers: int = 1,
+) -> dict:  # fmt: skip
+    """``compute_time``'s host and operation terms for a step the pipeline executor walks
+    (``refdl.strategies.pipeline``), ``batch`` samples over ``p`` stages, each device's
+    operations ``split`` ways smaller (tensor splits inside a stage), ``buffers`` devices a
+    stage (the arrays each call passes and puts). The executor makes one call per
+    forward and per backward of a microbatch on a stage chunk (three with the split
+    backward), plus one optimizer update per stage; each call passes a stage's share of the
+    state and a microbatch (or its gradient), each forward and backward puts one array on
+    its stage's devices; per microbatch a stage runs about 1/p of the step's operations,
+    its devices one after another (the host waits between them)."""
+    v = chunks_of(schedule, chunks)
+    calls = (3 if schedule in SPLIT_BACKWARD else 2) * mb * p * v + p
+    return {
+        "ops": mb * m.ops / p,
+        "calls": calls,
+        "work": m.op_work(batch / mb).scaled(share=mb / (p * split), repeat=mb / p),
+        "leaves": calls * (m.state_leaves / p + m.input_leaves) * buffers,
+        "transfer": (2 * mb * p * v * buffers,
+                     batch * (m.input_bytes_per_sample + 2 * m.boundary_bytes_per_sample)),
+        "concurrent": False,
+        "turns": p,
+    }  # fmt: skip
+
+
 def _tp_comm(m: ModelCost, batch: float, tp: int, link) -> float:
     """The collectives of a ``tp``-way tensor-parallel step on ``batch`` samples: the
     model's own (``ModelCost.tp_collectives``: ring all-reduces and all-gathers of
@@ -197,19 +224,8 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     v = chunks_of(opts.schedule, opts.chunks)
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
-    # The host executor makes one call per forward and per backward of a microbatch on a
-    # stage chunk, plus one optimizer update per stage; per microbatch a stage runs about
-    # 1/p of the step's operations.
-    # Host: each call passes a stage's share of the state and a microbatch (or its
-    # gradient), each forward and backward puts one array on its stage's device.
-    calls = (3 if opts.schedule in SPLIT_BACKWARD else 2) * mb * p * v + p
-    t = compute_time(
-        m.flops(batch) / p, m.bytes(batch) / p, hw, ops=mb * m.ops / p, calls=calls, sharing=p,
-        concurrent=False, work=m.op_work(batch / mb).scaled(share=mb / p, repeat=mb / p),
-        leaves=calls * (m.state_leaves / p + m.input_leaves),
-        transfer=(2 * mb * p * v, batch * (m.input_bytes_per_sample
-                                           + 2 * m.boundary_bytes_per_sample)),
-    )  # fmt: skip
+    t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw, sharing=p,
+                     **stage_walk(m, batch, p, mb, opts.schedule, opts.chunks))  # fmt: skip
     f = bubble_fraction(opts.schedule, p, mb, opts.chunks) if p > 1 else 0.0
     if getattr(getattr(hw, "device", None), "shared_cores", False):
         f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
@@ -247,16 +263,13 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         )
     d, tp, pp = mesh.data, mesh.model, mesh.pipe
     b = batch / d
-    t = compute_time(
-        m.flops(b) / (tp * pp),
-        m.bytes(b) / (tp * pp),
-        hw,
-        ops=m.ops,
-        sharing=workers,
-        work=m.op_work(b).scaled(share=1 / (tp * pp)),
-        **host_work(m, batch, workers),
-        concurrent=pp == 1,  # with pipeline stages, the host executor runs them in turn
-    )
+    if pp > 1:  # the host executor walks the stages' programs, a microbatch at a time
+        walk = stage_walk(m, b, pp, opts.microbatches, opts.schedule, opts.chunks, tp, d * tp)
+    else:
+        walk = {"ops": m.ops, "work": m.op_work(b).scaled(share=1 / tp),
+                **host_work(m, batch, workers)}  # fmt: skip
+    t = compute_time(m.flops(b) / (tp * pp), m.bytes(b) / (tp * pp), hw, sharing=workers,
+                     **walk)  # fmt: skip
     link_tp = _link(hw, tp, opts)
     tp_comm = _tp_comm(m, b, tp, link_tp) / pp  # each stage runs its share of the layers
     dp_comm = allreduce_ring(m.param_bytes / (tp * pp), d, _link(hw, workers, opts))
@@ -302,11 +315,14 @@ def transformer_step(
         raise UsageError("--sequence-parallel splits within the model axis: set model > 1")
     b, split = batch / replicas, mesh.model * mesh.pipe * mesh.context
     factor = remat_factor(shape, opts.remat)
-    t = compute_time(
-        m.flops(b) * factor / split, m.bytes(b) * factor / split, hw, ops=m.ops,
-        sharing=workers, work=m.op_work(b).scaled(share=factor / split),
-        **host_work(m, batch, workers), concurrent=mesh.pipe == 1,
-    )  # fmt: skip
+    if mesh.pipe > 1:  # the host executor walks the stages' programs, a microbatch at a time
+        walk = stage_walk(m, b, mesh.pipe, mb, opts.schedule, opts.chunks,
+                          split / (factor * mesh.pipe), workers // mesh.pipe)  # fmt: skip
+    else:
+        walk = {"ops": m.ops, "work": m.op_work(b).scaled(share=factor / split),
+                **host_work(m, batch, workers)}  # fmt: skip
+    t = compute_time(m.flops(b) * factor / split, m.bytes(b) * factor / split, hw,
+                     sharing=workers, **walk)  # fmt: skip
     v = chunks_of(opts.schedule, opts.chunks) if mesh.pipe > 1 else 1
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
@@ -323,7 +339,8 @@ def transformer_step(
         bubble = t * f / (1 - f)
     stash = 1 if mesh.pipe == 1 else (mb if opts.schedule in ("gpipe", "looped-bfs")
                                       else min(mesh.pipe, mb))  # fmt: skip
-    mem = state_bytes(shape, mesh, opts.optimizer_words) + activation_bytes(
+    mem = state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
+    mem += activation_bytes(
         shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat, opts.precision
     )
     return CostBreakdown(

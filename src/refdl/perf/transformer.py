@@ -290,11 +290,19 @@ def axis_comm(
     return out
 
 
-def state_bytes(shape: TransformerShape, mesh: MeshSpec, words: int) -> float:
+def state_bytes(
+    shape: TransformerShape, mesh: MeshSpec, words: int, zero: int = 0, precision: str = "fp32"
+) -> float:
     """Weights, gradients and optimizer words on one device: the dense parameters split
     over ``model x pipe``, the experts also over ``expert``, all of it over ``fsdp``;
-    ``STATE_BYTES`` per parameter plus 4 per optimizer word."""
-    per = STATE_BYTES + 4 * words
+    ``STATE_BYTES`` per parameter plus 4 per optimizer word. ZeRO over ``data``
+    (Rajbhandari et al. 2020): stage 1 splits the optimizer words (and, in mixed
+    precision, the fp32 master copy) over it, stage 2 the gradients too."""
+    w = ACT_BYTES.get(precision, 4)  # weights and gradients: compute precision, fp32 master
+    master = 0 if w == 4 else 4
+    weights, grads, optimizer = w, w, master + 4 * words  # w + w + master = STATE_BYTES
+    d = mesh.data if zero else 1
+    per = weights + (grads / d if zero >= 2 else grads) + optimizer / d
     split = mesh.model * mesh.pipe * mesh.fsdp
     return per * (shape.dense_params() / split + shape.expert_params() / (split * mesh.expert))
 

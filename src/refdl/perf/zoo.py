@@ -318,8 +318,36 @@ def register_transformer(name: str, shape: TransformerShape, doc: str) -> ShapeT
 GPT3 = dict(seq=2048, vocab=50257)  # Brown et al. 2020: n_ctx 2048, GPT-2's BPE vocabulary
 register_transformer("gpt2", TransformerShape(12, 768, 12, 1024, 50257),
                      "GPT-2 small's shape (the flax gpt2 above)")  # fmt: skip
-register_transformer("gpt3-175b", TransformerShape(96, 12288, 96, **GPT3),
-                     "GPT-3 175B, 96x12288, 96 heads, 2048 tokens (Brown et al. 2020)")  # fmt: skip
+# The GPT-3 family: Brown et al. 2020 (arXiv 2005.14165) Table 2.1 (layers, d_model, heads),
+# section 2.1 ("a context window of n_ctx = 2048 tokens"), GPT-2's vocabulary of 50,257
+# (Radford et al. 2019, section 2.3); learned positions and a tied output embedding
+# (openai/gpt-2 src/model.py @ 9b63575e). Two cells of the table are misprinted: the 13B
+# model's d_model is 5120, not 5140 (40 heads x 128; Table D.1's 12,850M parameters), and
+# XL's 24 heads of 128 do not make 2048 (EleutherAI gpt-neox configs/XL.yml and Megatron-
+# DeepSpeed use 16). The parameter counts are checked against Table D.1 in the tests.
+GPT3_FAMILY = {
+    "125m": (12, 768, 12),
+    "350m": (24, 1024, 16),
+    "760m": (24, 1536, 16),
+    "1.3b": (24, 2048, 16),
+    "2.7b": (32, 2560, 32),
+    "6.7b": (32, 4096, 32),
+    "13b": (40, 5120, 40),
+    "175b": (96, 12288, 96),
+}
+for _size, (_l, _h, _a) in GPT3_FAMILY.items():
+    register_transformer(f"gpt3-{_size}", TransformerShape(_l, _h, _a, **GPT3),
+                         f"GPT-3 {_size.upper()}, {_l}x{_h}, {_a} heads, 2048 tokens "
+                         "(Brown et al. 2020, Table 2.1)")  # fmt: skip
+# Llama 3 (Grattafiori et al. 2024, arXiv 2407.21783, Table 3; meta-llama/llama3 @ a0940f9c
+# model.py and the checkpoints' config.json): SwiGLU, grouped-query attention with 8 key/value
+# heads of 128, RoPE (no position parameters), untied embeddings, 128,256 tokens (the paper's
+# 128,000 plus 256 reserved special ones), 8,192 tokens of context; 8.03 B and 70.6 B.
+LLAMA3 = dict(kv_heads=8, gated=True, tied=False, positions=False, vocab=128256, seq=8192)
+register_transformer("llama3-8b", TransformerShape(32, 4096, 32, ffn=14336, **LLAMA3),
+                     "Llama 3 8B, 32x4096, 32 heads (8 kv), SwiGLU 14336, 8192 tokens")  # fmt: skip
+register_transformer("llama3-70b", TransformerShape(80, 8192, 64, ffn=28672, **LLAMA3),
+                     "Llama 3 70B, 80x8192, 64 heads (8 kv), SwiGLU 28672, 8192 tok.")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,375 @@
+"""Choosing a parallel configuration (``refdl plan``): every way a model can be laid out on
+N devices, priced by the cost formulas of ``refdl.perf.costs``, those that do not fit
+a device dropped, the fastest first.
+
+A ``Config`` is a mesh over the axes (``data``, ``fsdp``, ``model``, ``context``,
+``expert``, ``pipe``), a ZeRO stage over ``data`` (1: optimizer state, 2: and gradients;
+the ``fsdp`` axis is stage 3), microbatches, a pipeline schedule and its chunks,
+recomputation, the compute precision, and for a transformer sequence parallelism and
+the context attention. What is enumerated, and what is not (dominated choices):
+
+- meshes: every factorisation of N whose degrees the model allows (heads over
+  ``model``, the sequence over ``context``, experts over ``expert``, layers over
+  ``pipe``, the global batch over ``data x fsdp x expert``);
+- sequence parallelism whenever ``model`` > 1 (the same collective time, less memory);
+- the ZeRO stage: the lowest that fits (every stage moves the same bytes here);
+- without pipeline stages, the fewest microbatches that fit (more only add latency);
+  with them, 1F1B (GPipe's bubble with more memory is never chosen), interleaved with 2
+  to 8 chunks, ZB-H1 and ZB-V where their closed-form bubble holds, over the
+  microbatch counts that divide the batch (powers of two and the largest);
+- recomputation none, selective and full (transformers; the other models' cost knows
+  no recomputation); fp32, and bf16 where the device's bf16 peak is higher.
+
+A model that is not a transformer is priced by the strategy formulas its mesh names
+(``single``, ``data``, ``model``, ``pipeline``, ``hybrid``; ``fsdp`` for ZeRO over
+every device). ``priced`` counts the configurations priced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+from collections.abc import Iterator
+from typing import Any
+
+from refdl.config.mesh import AXES, MeshSpec
+from refdl.errors import UsageError
+from refdl.parallel.schedule import analytic_bubble
+from refdl.perf import PredictOptions, intervals
+from refdl.perf.costs import COSTS
+from refdl.perf.model_cost import ModelCost
+
+REMATS = ("none", "selective", "full")
+MAX_CHUNKS = 8
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One way of laying a run out (see the module's docstring)."""
+
+    mesh: MeshSpec
+    zero: int = 0
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    remat: str = "none"
+    precision: str = "fp32"
+    sequence_parallel: bool = False
+    cp: str = "ring"
+
+    def strategy(self, transformer: bool) -> str:
+        """The refdl strategy that runs it (and whose cost formula prices it)."""
+        m = self.mesh
+        if self.zero and not transformer:  # a transformer's ZeRO is hybrid's data_zero
+            return "fsdp"
+        axes = [a for a in AXES if getattr(m, a) > 1]
+        if transformer and axes:
+            return "hybrid"
+        if not axes:
+            return "single"
+        if len(axes) == 1 and axes[0] in ("data", "model"):
+            return axes[0]
+        if axes == ["pipe"]:
+            return "pipeline"
+        return "hybrid"
+
+    def describe(self) -> str:
+        """The layout in a line: mesh, ZeRO, microbatches, schedule, remat, precision."""
+        parts = [self.mesh.text() if self.mesh.size > 1 else "one device"]
+        if self.zero:
+            parts.append(f"ZeRO-{self.zero}")
+        if self.mesh.pipe > 1:
+            sched = self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
+            parts.append(f"{sched} mb {self.microbatches}")
+        elif self.microbatches > 1:
+            parts.append(f"mb {self.microbatches}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.mesh.context > 1:
+            parts.append(f"cp {self.cp}")
+        if self.remat != "none":
+            parts.append(f"remat {self.remat}")
+        parts.append(self.precision)
+        return ", ".join(parts)
+
+    def train_flags(self, transformer: bool) -> list[str]:
+        """``refdl train`` flags that run it."""
+        strategy = self.strategy(transformer)
+        flags = ["--strategy", strategy, "--devices", str(self.mesh.size)]
+        if strategy == "fsdp":
+            flags += ["--zero", str(self.zero)]
+        elif strategy == "pipeline":
+            flags += ["--stages", str(self.mesh.pipe)]
+        elif strategy == "hybrid":
+            flags += ["--mesh", self.mesh.text()]
+        if self.mesh.pipe > 1 or self.microbatches > 1:
+            flags += ["--microbatches", str(self.microbatches)]
+        if self.mesh.pipe > 1:
+            flags += ["--schedule", self.schedule]
+            if self.chunks > 1 and self.schedule == "interleaved":
+                flags += ["--chunks", str(self.chunks)]
+        if self.sequence_parallel:
+            flags.append("--sequence-parallel")
+        if self.mesh.context > 1:
+            flags += ["--cp", self.cp]
+        return [*flags, "--remat", self.remat, "--precision", self.precision]
+
+
+@dataclasses.dataclass(frozen=True)
+class Priced:
+    """A configuration with its predicted step, memory, and the terms the step adds up."""
+
+    config: Config
+    step_time_s: float
+    low_s: float | None
+    high_s: float | None
+    memory_bytes: int
+    terms: dict[str, float]  # compute, bubble, and each axis's exposed communication
+
+    @property
+    def dominant(self) -> str:
+        """The term that takes most of the step."""
+        return max(self.terms, key=self.terms.__getitem__)
+
+
+@dataclasses.dataclass
+class Search:
+    """A search's result: the configurations that fit, fastest first, and its counts."""
+
+    found: list[Priced]
+    priced: int
+    meshes: int
+    too_big: int
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(n: int, axes: tuple[str, ...]) -> Iterator[MeshSpec]:
+    """Every mesh over ``axes`` whose degrees multiply to ``n``."""
+
+    def rec(rest: int, i: int, got: dict[str, int]) -> Iterator[MeshSpec]:
+        if i == len(axes) - 1:
+            yield MeshSpec(**got, **{axes[i]: rest})
+            return
+        for d in divisors(rest):
+            yield from rec(rest // d, i + 1, {**got, axes[i]: d})
+
+    yield from rec(n, 0, {})
+
+
+def mb_choices(per_replica: int) -> list[int]:
+    """Microbatch counts tried: the powers of two that divide a replica's batch, and the
+    batch itself (one sequence a microbatch)."""
+    out = [m for m in (2**k for k in range(0, 21)) if m <= per_replica and per_replica % m == 0]
+    return sorted({*out, per_replica})
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bubble_ok(schedule: str, p: int, m: int, v: int) -> bool:
+    return analytic_bubble(schedule, p, m, v) is not None
+
+
+def schedules(p: int, m: int, layers: int) -> list[tuple[str, int]]:
+    """The pipeline schedules tried for ``p`` stages and ``m`` microbatches."""
+    if p == 1:
+        return [("1f1b", 1)]
+    out = [("1f1b", 1)]
+    if m % p == 0:
+        out += [("interleaved", v) for v in range(2, MAX_CHUNKS + 1)
+                if layers % (p * v) == 0]  # fmt: skip
+    out += [(s, 1) for s in ("zb-h1", "zbv") if _bubble_ok(s, p, m, 2 if s == "zbv" else 1)]
+    if ("zbv", 1) in out and layers % (2 * p):
+        out.remove(("zbv", 1))
+    return out
+
+
+class Planner:
+    """Prices the configurations of ``model`` (a ``ModelCost``) on ``profile`` at a global
+    ``batch`` over ``devices`` (see the module's docstring)."""
+
+    def __init__(
+        self,
+        model: ModelCost,
+        profile: Any,
+        devices: int,
+        batch: int,
+        *,
+        memory_limit: float | None = None,
+        precisions: tuple[str, ...] | None = None,
+        optimizer_words: int = 2,
+        library: str | None = None,
+        runnable_only: bool = False,
+    ) -> None:
+        self.m, self.profile, self.n, self.batch = model, profile, devices, batch
+        self.shape = model.transformer
+        dev = profile.need_device()
+        self.limit = memory_limit if memory_limit is not None else dev.memory_bytes
+        # fp32, and bf16 where the device computes it faster (on a CPU it only rounds)
+        fp32 = dev.peak_flops.get(DTYPES["fp32"], 0.0)
+        faster = dev.peak_flops.get(DTYPES["bf16"], 0.0) > fp32
+        self.precisions = precisions or (("fp32", "bf16") if faster else ("fp32",))
+        self.words, self.library, self.runnable_only = optimizer_words, library, runnable_only
+        self._views: dict[str, Any] = {}
+        self.priced = self.too_big = self.mesh_count = 0
+
+    def view(self, precision: str) -> Any:
+        """The profile's expected figures for ``precision`` (cached)."""
+        if precision not in self._views:
+            self._views[precision] = self.profile.view(
+                "expected", precision, self.m.op_class, self.library
+            )
+        return self._views[precision]
+
+    # -- the space ----------------------------------------------------------------------------
+
+    def axes(self) -> tuple[str, ...]:
+        """The mesh axes the model's cost formulas price."""
+        if self.shape is None:
+            return ("data", "model", "pipe")
+        return ("data", "fsdp", *(("expert",) if self.shape.experts else ()), "model",
+                "context", "pipe")  # fmt: skip
+
+    def sequence_parallel(self, mesh: MeshSpec) -> bool:
+        """Sequence parallelism where it is possible (a transformer split over ``model``):
+        the same collective time, less memory. refdl train splits the sequence over
+        ``context`` or for sequence parallelism, not both (``runnable_only``)."""
+        both = self.runnable_only and mesh.context > 1
+        return self.shape is not None and mesh.model > 1 and not both
+
+    def valid(self, mesh: MeshSpec) -> bool:
+        """Whether the model allows ``mesh``'s degrees and the batch splits over it."""
+        replicas = mesh.data * mesh.fsdp * mesh.expert
+        if self.batch % replicas:
+            return False
+        s = self.shape
+        if s is None:
+            return mesh.pipe <= self.m.layers
+        if s.heads % mesh.model or s.seq % mesh.context or s.layers % mesh.pipe:
+            return False  # stages of whole, equal layer counts (Megatron's rule)
+        return not (mesh.expert > 1 and (not s.experts or s.experts % mesh.expert))
+
+    def candidates(self, mesh: MeshSpec, precisions: tuple[str, ...]) -> Iterator[Config]:
+        """The configurations tried on ``mesh`` (before the ZeRO and microbatch choices
+        that depend on memory)."""
+        replicas = mesh.data * mesh.fsdp * mesh.expert
+        per = self.batch // replicas
+        remats = REMATS if self.shape is not None else ("none",)
+        cps = ("ring", "all-to-all") if mesh.context > 1 else ("ring",)
+        layers = self.shape.layers if self.shape is not None else self.m.layers
+        for precision in precisions:
+            for remat in remats:
+                for cp in cps:
+                    if cp == "all-to-all" and self.shape.heads % (mesh.model * mesh.context):
+                        continue
+                    sp = self.sequence_parallel(mesh)
+                    base = Config(mesh, precision=precision, remat=remat, cp=cp,
+                                  sequence_parallel=sp)  # fmt: skip
+                    if mesh.pipe == 1:
+                        yield base
+                        continue
+                    for m in mb_choices(per):
+                        if m < mesh.pipe:
+                            continue
+                        for sched, v in schedules(mesh.pipe, m, layers):
+                            yield dataclasses.replace(base, microbatches=m, schedule=sched,
+                                                      chunks=v)  # fmt: skip
+
+    # -- prices ---------------------------------------------------------------------------
+
+    def price(self, c: Config) -> Priced:
+        """Step time, interval, memory and terms of ``c`` (``UsageError`` where a formula
+        refuses it)."""
+        self.priced += 1
+        opts = PredictOptions(
+            mesh=c.mesh.text(), microbatches=c.microbatches, schedule=c.schedule,
+            chunks=c.chunks, zero=c.zero or 3, data_zero=c.zero if self.shape else 0,
+            optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
+            remat=c.remat, precision=c.precision,
+        )  # fmt: skip
+        strategy = c.strategy(self.shape is not None)
+        r = COSTS.get(strategy)(self.m, self.view(c.precision), self.batch, c.mesh.size, opts)
+        terms = {"compute": r.compute_s, "bubble": r.bubble_s}
+        if r.comm_by_axis:
+            terms.update({f"comm {a}": e for a, _, e, _ in r.comm_by_axis})
+        else:
+            terms["comm"] = r.comm_s
+        dtype = self.profile.dtype_for(c.precision)
+        borrowed = self.profile.borrowed_device(dtype)
+        iv = intervals.time_interval("step", r.step_time_s, borrowed)
+        return Priced(c, r.step_time_s, *(iv or (None, None)), int(r.memory_bytes), terms)
+
+    def fitted(self, c: Config) -> Priced | None:
+        """``c`` at the lowest ZeRO stage and (without stages) the fewest microbatches that
+        fit the memory limit; None where nothing fits."""
+        per = self.batch // (c.mesh.data * c.mesh.fsdp * c.mesh.expert)
+        zeros = (0, 1, 2) if c.mesh.data > 1 and (self.shape is not None or c.mesh.size
+                                                    == c.mesh.data) else (0,)  # fmt: skip
+        if self.runnable_only and (self.shape is not None or c.mesh.size != c.mesh.data):
+            zeros = (0,)
+        mbs = mb_choices(per) if c.mesh.pipe == 1 else [c.microbatches]
+        for zero in zeros:
+            for m in mbs:
+                cand = dataclasses.replace(c, zero=zero, microbatches=m)
+                try:
+                    p = self.price(cand)
+                except UsageError:
+                    continue
+                if self.limit is None or p.memory_bytes <= self.limit:
+                    return p
+                self.too_big += 1
+        return None
+
+    def bound(self, mesh: MeshSpec, precision: str) -> float:
+        """A lower bound of every step on ``mesh`` in ``precision``: the compute without
+        recomputation and the data and fsdp axes' collectives, which no microbatching,
+        schedule or recomputation changes (inf where the mesh cannot run at all)."""
+        sp = self.sequence_parallel(mesh)
+        for cp in ("ring", "all-to-all"):
+            cfg = Config(mesh, precision=precision, sequence_parallel=sp, cp=cp)
+            try:
+                p = self.price(cfg)
+            except UsageError:
+                continue
+            return sum(v for k, v in p.terms.items() if k in ("compute", "comm data", "comm fsdp"))
+        return float("inf")
+
+    def search(self, top: int | None = None) -> Search:
+        """Every valid configuration priced; those that fit, fastest first. With ``top``,
+        only the first ``top``: meshes are visited in the order of their lower bound
+        (``bound``) and those whose bound cannot beat the ``top``-th found are skipped."""
+        found: list[Priced] = []
+        order = []
+        for mesh in meshes(self.n, self.axes()):
+            if self.valid(mesh):
+                self.mesh_count += 1
+                order += [(self.bound(mesh, pr), i, mesh) for i, pr in enumerate(self.precisions)]
+        order.sort(key=lambda x: x[0])
+        worst: list[float] = []  # the top fastest step times so far (a max-heap, negated)
+        for lower, i, mesh in order:
+            if top and len(worst) >= top and lower >= -worst[0]:
+                break  # no later mesh can enter the top
+            for c in self.candidates(mesh, (self.precisions[i],)):
+                p = self.fitted(c)
+                if p is None:
+                    continue
+                found.append(p)
+                if top:
+                    heapq.heappush(worst, -p.step_time_s)
+                    if len(worst) > top:
+                        heapq.heappop(worst)
+        found.sort(key=lambda p: (p.step_time_s, p.memory_bytes))
+        return Search(found[:top] if top else found, self.priced, self.mesh_count, self.too_big)
+
+
+def why_first(a: Priced, b: Priced) -> str:
+    """Why ``a`` beats ``b``: the terms that differ most, with their signs."""
+    keys = sorted(set(a.terms) | set(b.terms))
+    diffs = sorted(((a.terms.get(k, 0.0) - b.terms.get(k, 0.0), k) for k in keys),
+                   key=lambda d: abs(d[0]), reverse=True)  # fmt: skip
+    said = [f"{k} {d * 1e3:+.1f} ms" for d, k in diffs[:3] if abs(d) > 1e-9]
+    gap = (b.step_time_s - a.step_time_s) * 1e3
+    return f"{gap:.1f} ms faster than the next ({'; '.join(said) or 'the same terms'})"

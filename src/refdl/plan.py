@@ -1,0 +1,275 @@
+"""``refdl plan``: the best parallel configuration for a model on a machine.
+
+    refdl plan --hw a100-nvlink-ib-hdr --model gpt3-175b --devices 1024 --batch-size 1536 \\
+        --seq-len 2048 --top 5
+    refdl plan --hw h100-nvlink-ib-ndr --model llama3-70b --devices 256 --batch-size 512 --json
+    refdl plan --hw local --model mlp --devices 8 --batch-size 64 --run --steps 100
+
+Every configuration the model allows on ``--devices`` - the mesh over data, fsdp, model,
+context, expert and pipe, the ZeRO stage, microbatches, pipeline schedule and chunks,
+recomputation, precision (``refdl.perf.search``) - is priced by the cost model of
+``refdl predict``, those whose memory per device exceeds the device's (or
+``--memory-limit``) are dropped, and the fastest ``--top`` are printed with their step
+time's stated 80 % interval, memory per device, the term that dominates each (compute,
+the bubble, or an axis's exposed communication), and why the first beats the second.
+``--run`` trains the best configuration ``refdl train`` can run, on the devices present.
+How often such a choice holds against published configuration searches and against
+this machine: ``refdl bench published``, ``scripts/bench_plan.py``
+(docs/performance-model.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+from refdl import hw
+from refdl.cli import Parser
+from refdl.config.paths import writable_file
+from refdl.config.values import Int
+from refdl.errors import UsageError
+
+PROG = "refdl plan"
+WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def memory_size(text: str) -> float:
+    """``80GB``, ``64MiB``, ``1.5e9`` or a plain byte count, in bytes."""
+    try:
+        value = float(text)
+        if value > 0:
+            return value
+    except ValueError:
+        pass
+    m = _SIZE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--memory-limit {text!r}: give bytes, e.g. 80GB, 64MiB or 8e10")
+    unit = (m.group(2) or "B").upper().rstrip("B")
+    base = 1024 if "I" in unit else 1000
+    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
+    return float(m.group(1)) * base**power
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(name="refdl.plan", prog=PROG, description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--hw", required=True, help="profile name or .toml path")
+    p.add_argument("--model", required=True, help="a zoo transformer or shape, or a refdl model")
+    p.add_argument("--devices", type=int, required=True, help="devices to lay the run over")
+    p.add_argument("--batch-size", type=int, required=True, help="global batch (sequences)")
+    p.add_argument("--seq-len", type=int, help="transformers: tokens per sequence")
+    p.add_argument("--memory-limit", help="bytes per device (default: the device's memory)")
+    p.add_argument("--top", type=int, default=5, help="configurations printed (default 5)")
+    p.add_argument("--precision", help="fp32 or bf16 (default: every one the device has)")
+    p.add_argument("--optimizer", default="adam", help="sgd, momentum or adam (state size)")
+    p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    p.add_argument("--json", action="store_true", help='{"configurations": [...]}, best first')
+    p.add_argument("--plot", metavar="FILE.png", help="the top configurations' terms")
+    p.add_argument("--run", action="store_true",
+                   help="train the best configuration refdl train can run")  # fmt: skip
+    p.add_argument("--steps", type=int, default=100, help="with --run: training steps")
+    p.add_argument("--out", help="with --run: the run folder")
+    return p
+
+
+def model_of(name: str, seq_len: int | None) -> Any:
+    """The model's cost (``refdl.perf.model_cost``), at ``seq_len`` tokens a sequence."""
+    from refdl.perf.model_cost import model_cost, transformer_cost
+    from refdl.perf.zoo import TRANSFORMERS
+
+    if seq_len is None:
+        return model_cost(name)
+    if problem := Int(min=1, max=1 << 24).problem(seq_len):
+        raise UsageError(f"--seq-len must be {problem}")
+    if name in TRANSFORMERS.names():
+        shape = dataclasses.replace(TRANSFORMERS.get(name).shape, seq=seq_len)
+        return transformer_cost(name, shape)
+    if model_cost(name).transformer is None:
+        raise UsageError(f"--seq-len is for transformers; --model {name} is not one")
+    return model_cost(name, (("seq_len", str(seq_len)),))
+
+
+def row(p: Any, transformer: bool) -> dict[str, Any]:
+    """One configuration as ``--json`` gives it."""
+    c = p.config
+    total = sum(p.terms.values())
+    return {
+        "mesh": c.mesh.as_dict(),
+        "strategy": c.strategy(transformer),
+        "zero": c.zero,
+        "microbatches": c.microbatches,
+        "schedule": c.schedule if c.mesh.pipe > 1 else None,
+        "chunks": c.chunks,
+        "remat": c.remat,
+        "precision": c.precision,
+        "sequence_parallel": c.sequence_parallel,
+        "cp": c.cp if c.mesh.context > 1 else None,
+        "step_time_s": p.step_time_s,
+        "step_time_low_s": p.low_s,
+        "step_time_high_s": p.high_s,
+        "memory_bytes_per_device": p.memory_bytes,
+        "dominant_term": p.dominant,
+        "dominant_share": p.terms[p.dominant] / total if total else None,
+        "terms_s": p.terms,
+        "train_flags": c.train_flags(transformer),
+        "description": c.describe(),
+    }
+
+
+def plan(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """Search as the flags say; the ``--json`` record and the search."""
+    from refdl.perf.search import Planner, why_first
+
+    for flag, value in (("--devices", args.devices), ("--batch-size", args.batch_size),
+                        ("--top", args.top), ("--steps", args.steps)):  # fmt: skip
+        if problem := Int(min=1, max=1 << 24).problem(value):
+            raise UsageError(f"{flag} must be {problem}")
+    if args.optimizer not in WORDS:
+        raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(WORDS)}")
+    precisions = None
+    if args.precision is not None:
+        precisions = tuple(x.strip() for x in args.precision.split(","))
+        if bad := [x for x in precisions if x not in ("fp32", "bf16")]:
+            raise UsageError(f"--precision {','.join(bad)}: choose fp32 or bf16")
+    profile = hw.load(args.hw)
+    device = profile.need_device()
+    for p in precisions or ():
+        profile.dtype_for(p)  # one line where the device has no such precision
+    limit = memory_size(args.memory_limit) if args.memory_limit else device.memory_bytes
+    model = model_of(args.model, args.seq_len)
+    t0 = time.perf_counter()
+    planner = Planner(
+        model, profile, args.devices, args.batch_size, memory_limit=limit,
+        precisions=precisions, optimizer_words=WORDS[args.optimizer], library=args.library,
+        runnable_only=args.run,
+    )  # fmt: skip
+    result = planner.search(args.top)
+    seconds = time.perf_counter() - t0
+    transformer = model.transformer is not None
+    record = {
+        "hw": profile.name,
+        "model": args.model,
+        "params": model.params,
+        "devices": args.devices,
+        "global_batch": args.batch_size,
+        "seq_len": model.transformer.seq if transformer else None,
+        "memory_limit_bytes": limit,
+        "priced": result.priced,
+        "meshes": result.meshes,
+        "did_not_fit": result.too_big,
+        "seconds": seconds,
+        "configurations": [row(p, transformer) for p in result.found],
+    }
+    if len(result.found) > 1:
+        record["why_first"] = why_first(result.found[0], result.found[1])
+    return record, result
+
+
+def show(record: dict[str, Any]) -> None:
+    """The table ``refdl plan`` prints."""
+    seq = f" x {record['seq_len']} tokens" if record["seq_len"] else ""
+    limit = record["memory_limit_bytes"]
+    limit_text = f", memory limit {limit / 1e9:.3g} GB" if limit else ""
+    print(f"{record['model']} ({record['params'] / 1e9:.3g} B parameters) on {record['hw']}, "
+          f"{record['devices']} devices, batch {record['global_batch']}{seq}"
+          f"{limit_text}")  # fmt: skip
+    found = record["configurations"]
+    print(f"priced {record['priced']:,} configurations on {record['meshes']:,} meshes in "
+          f"{record['seconds']:.1f} s ({record['did_not_fit']:,} did not fit); "
+          f"the fastest {len(found)}:")  # fmt: skip
+    print(f"{'#':>2s}  {'step s [80 % interval]':<24s} {'mem GB':>7s}  {'dominant':<18s} "
+          "configuration")  # fmt: skip
+    for i, c in enumerate(found, 1):
+        lo, hi = c["step_time_low_s"], c["step_time_high_s"]
+        t = f"{c['step_time_s']:.4g}" + (f" [{lo:.4g}, {hi:.4g}]" if lo is not None else "")
+        dom = f"{c['dominant_term']} {c['dominant_share']:.0%}"
+        print(f"{i:2d}  {t:<24s} {c['memory_bytes_per_device'] / 1e9:7.3g}  {dom:<18s} "
+              f"{c['description']}")  # fmt: skip
+    if "why_first" in record:
+        print(f"#1 is {record['why_first']}")
+
+
+def draw(record: dict[str, Any], path: str) -> None:
+    """The top configurations' step time split into its terms, with the 80 % interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = record["configurations"]
+    names = sorted({k for c in found for k in c["terms_s"]})
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(found) + 1.5))
+    left = [0.0] * len(found)
+    for k in names:
+        widths = [c["terms_s"].get(k, 0.0) for c in found]
+        ax.barh(range(len(found)), widths, left=left, label=k)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, c in enumerate(found):
+        if c["step_time_low_s"] is not None:
+            ax.plot([c["step_time_low_s"], c["step_time_high_s"]], [i, i], "k-", lw=1)
+    ax.set_yticks(range(len(found)), [c["description"] for c in found], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per step (terms; line: stated 80 % interval)")
+    ax.set_title(f"{record['model']} on {record['devices']} x {record['hw']}", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:
+    """``refdl train`` with the best configuration (a process of its own: it sets the
+    simulated device count before JAX starts)."""
+    if not record["configurations"]:
+        raise UsageError("no configuration fits; raise --memory-limit or --devices")
+    best = record["configurations"][0]
+    cmd = [sys.executable, "-m", "refdl.train", "--model", args.model, "--batch-size",
+           str(args.batch_size), *best["train_flags"], "--steps", str(args.steps)]  # fmt: skip
+    if args.seq_len:
+        cmd += ["--data-opt", f"seq_len={args.seq_len}"]
+    if args.out:
+        cmd += ["--out", args.out]
+    print(f"{PROG}: running #1: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.plot:
+            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        if args.run:
+            from refdl.models import MODELS
+
+            if args.model not in MODELS.names():
+                raise UsageError(f"--run trains refdl's models ({', '.join(MODELS.names())}); "
+                                 f"{args.model} is a shape only")  # fmt: skip
+        record, _ = plan(args)
+        if not record["configurations"]:
+            raise UsageError(
+                f"no configuration of {args.model} fits {args.devices} devices of "
+                f"{record['memory_limit_bytes'] / 1e9:.3g} GB at batch {args.batch_size}; "
+                "raise --devices or --memory-limit, or lower --batch-size"
+            )
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.plot:
+        draw(record, args.plot)
+    if args.json:
+        print(json.dumps(record, indent=1))
+    else:
+        show(record)
+    return run_best(args, record) if args.run else 0
+
+
+if __name__ == "__main__":
+    from refdl.errors import exit_status
+
+    sys.exit(exit_status(main, PROG))
