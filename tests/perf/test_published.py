@@ -333,8 +333,11 @@ def test_parallel_points_are_predicted_on_held_out_layouts(bench_json):
 
     h, c = bench_json["heldout"]["parallel"], bench_json["calibration"]["parallel"]
     assert h["n"] >= 10 and c["n"] >= 10
-    assert h["median_abs_error"] <= 0.10 and h["max_abs_error"] <= 0.30  # 4.5 %, 23 %
-    assert h["coverage"] >= 0.8
+    assert h["median_abs_error"] <= 0.10 and h["coverage"] >= 0.8  # 7.0 %, 100 % (60 points)
+    # the points of issue 35 (no search): 4.5 %, 23 %
+    own = [abs(r["error"]) for r in bench_json["points"] if r["kind"] == "parallel"
+           and r["part"] == "heldout" and "error" in r and not r.get("search_key")]  # fmt: skip
+    assert len(own) >= 10 and sorted(own)[len(own) // 2] <= 0.10 and max(own) <= 0.30
     points, _ = P.load()
     calibration = [p for p in points if p.part == "calibration"]
     fits = parallel_points.fit(calibration, P.PRECISION, P._library)
@@ -345,3 +348,50 @@ def test_parallel_points_are_predicted_on_held_out_layouts(bench_json):
         assert set(v["sources"]) <= set(P.load()[1]["calibration"])
     kinds = {r["model"] for r in bench_json["points"] if r["kind"] == "parallel" and "error" in r}
     assert {"mixtral-8x7b", "llama3.1-70b-s8192", "megatron-gpt-175b"} <= kinds
+
+
+def test_configuration_searches_are_ranked_and_reported(bench_json):
+    """Issue 37 item 4: published configuration searches (several layouts of one model on
+    one machine, measured or with the fastest stated) held out of every fit; how often
+    the source's fastest is refdl's first and in its first three. 2026-11-26: 29 held-out
+    searches, first 69 %, top 3 90 % (of the 12 with more than 3 candidates, 75 %). The
+    searches' own points: the largest held-out miss Narayanan et al.'s ZeRO-3 rows, 46 %."""
+    s = bench_json["searches"]
+    h = s["heldout"]
+    assert h["searches"] >= 25 and h["measured"] >= 10 and h["stated"] >= 10
+    assert h["wide_searches"] >= 8
+    assert 0.6 <= h["best_is_first"] <= h["best_in_top3"] <= 1.0
+    assert h["wide_best_in_top3"] >= 0.5 and h["mean_kendall_tau_b"] > 0
+    cases = s["cases"]
+    assert all(c["refdl_rank_of_best"] <= c["candidates"] for c in cases if "skipped" not in c)
+    points, _ = P.load()
+    searched = [p for p in points if p.search]
+    assert all(p.kind == "parallel" for p in searched)
+    assert all(
+        not p.fit
+        for p in searched
+        if p.part == "calibration" and p.value and "Table 5" not in p.where
+    )  # the new calibration rows are never fitted
+    # a search's points are predicted like any parallel point, with intervals
+    rows = [r for r in bench_json["points"] if r.get("search_key")]
+    assert len(rows) >= 40 and all("low" in r for r in rows)
+    assert max(abs(r["error"]) for r in rows if r["part"] == "heldout") <= 0.5
+
+
+def test_search_ranks_and_tau():
+    from refdl.bench.searches import kendall_tau_b, rank_of
+
+    assert rank_of([3.0, 1.0, 2.0], 1) == 1 and rank_of([3.0, 1.0, 2.0], 0) == 3
+    assert kendall_tau_b([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau_b([1, 2, 3], [30, 20, 10]) == -1.0
+
+
+def test_a_stated_search_without_its_best_is_refused(tmp_path):
+    from refdl.bench.searches import load_stated
+    from refdl.errors import UsageError
+
+    table = {"id": "x", "source": "s", "hw": "a100-nvlink", "model": "gpt2", "workers": 8,
+             "precision": "fp16", "candidates": [{"microbatch": 1}, {"microbatch": 2}]}  # fmt: skip
+    with pytest.raises(UsageError, match="index of the fastest"):
+        load_stated([table], {"s": "heldout"}, "data.toml")
+    assert load_stated([{**table, "best": 1}], {"s": "heldout"}, "data.toml")[0].best == 1

@@ -31,7 +31,7 @@ from refdl.perf.zoo import TRANSFORMERS, register_transformer
 LAYOUT = ("mesh", "global_batch", "microbatch", "schedule", "chunks", "sequence_parallel",
           "remat", "cp", "flops_counted", "overlap")  # fmt: skip
 SHAPE_KEYS = {f.name for f in dataclasses.fields(TransformerShape)}
-METRICS = ("time_s", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu")
+METRICS = ("time_s", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu")
 OP_CLASS = "transformer"  # the achieved fraction these points calibrate
 ADAM_WORDS = 2  # every source trains with Adam
 
@@ -57,6 +57,14 @@ def layout(p: Any) -> dict[str, Any]:
     return {"schedule": "1f1b", "chunks": 1, "sequence_parallel": False, "remat": "none",
             "cp": "ring", "flops_counted": "model", "microbatch": 1, "overlap": 0.0,
             **p.layout}  # fmt: skip
+
+
+def describe(lay: dict[str, Any]) -> str:
+    """A layout in a line (a search's candidate)."""
+    sched = "" if "pipe=" not in lay.get("mesh", "") else (
+        f", {lay['schedule']}" + (f"x{lay['chunks']}" if lay["chunks"] > 1 else ""))  # fmt: skip
+    return (f"{lay.get('mesh')}, microbatch {lay['microbatch']}{sched}, remat {lay['remat']}"
+            + (", sp" if lay["sequence_parallel"] else ""))  # fmt: skip
 
 
 def skip(p: Any) -> str | None:
@@ -97,6 +105,8 @@ def published_time(p: Any, precision: str) -> float:
         return p.value
     if p.metric == "tokens_per_s_per_gpu":
         return batch * shape.seq / (p.workers * p.value)
+    if p.metric == "samples_per_s_per_gpu":
+        return batch / (p.workers * p.value)
     flops = model_flops(shape, batch, lay["flops_counted"])
     if p.metric == "tflops_per_gpu":
         return flops / (p.workers * p.value * 1e12)
@@ -126,6 +136,8 @@ def fit(points: list[Any], precisions: dict[str, str], library: Any) -> dict[tup
     groups: dict[tuple, list[Any]] = {}
     for p in points:
         if p.part != "calibration" or p.kind != "parallel" or p.not_predicted or skip(p):
+            continue
+        if not p.fit:  # a search's point: judged, never fitted (refdl.bench.searches)
             continue
         profile = hw.load(p.hw)
         dtype = profile.dtype_for(precisions[p.precision])

@@ -31,7 +31,7 @@ from statistics import median
 from typing import Any
 
 from refdl import hw
-from refdl.bench import parallel_points
+from refdl.bench import parallel_points, searches
 from refdl.errors import UsageError
 from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
@@ -69,6 +69,8 @@ class Point:
     where: str = ""
     not_predicted: str = ""  # the data set's own reason, where refdl models no such run
     layout: dict = dataclasses.field(default_factory=dict)  # parallel: refdl.bench.parallel_points
+    search: str = ""  # a configuration search it belongs to (refdl.bench.searches)
+    fit: bool = True  # False: no fit reads it (a search's points on the calibration part)
 
 
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
@@ -106,9 +108,13 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 where=p.get("where", ""),
                 not_predicted=p.get("not_predicted", ""),
                 layout={k: p[k] for k in parallel_points.LAYOUT if k in p},
+                search=p.get("search", ""),
+                fit=bool(p.get("fit", True)),
             )
         )
-    return points, raw.get("split", {})
+    stated = searches.load_stated(raw.get("search", []), parts, str(path))
+    split = {**raw.get("split", {}), "stated_searches": stated}
+    return points, split
 
 
 # ------------------------------------------------------------------ the published side
@@ -289,6 +295,10 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
                 _interval(row, "step", borrowed(p, hw.load(p.hw)))
+                if p.search:
+                    lay = parallel_points.layout(p)
+                    row["search_key"] = f"{p.search}@{p.workers}x{lay['global_batch']}"
+                    row["layout_text"] = parallel_points.describe(lay)
             elif p.kind == "step":
                 t_pub = published_time(p)
                 t, bound = step_times(p)
@@ -523,6 +533,19 @@ def fit_steps(
     return devices, models
 
 
+def stated_time(search: Any, layout: dict[str, Any]) -> float:
+    """The predicted step of one candidate of a stated search (``refdl.bench.searches``):
+    a parallel point of that layout, priced as every other."""
+    p = Point(index=-1, source=search.source, part=search.part, kind="parallel",
+              hw=search.hw, library=search.library, metric="time_s", value=0.0,
+              workers=search.workers, nodes=search.nodes, model=search.model,
+              precision=search.precision, layout=layout)  # fmt: skip
+    reason = _skip(p)
+    if reason:
+        raise UsageError(reason)
+    return parallel_times(p)[1][0]
+
+
 # ------------------------------------------------------------------ the command
 
 
@@ -549,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     s = summary(rows)
+    ranked = searches.measured(rows) + searches.stated(_split["stated_searches"], stated_time)
+    s["searches"] = {**searches.summary(ranked), "cases": ranked}
     if args.plot:
         from refdl import plots
 
@@ -568,4 +593,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(v['max_abs_error'], pct):>11s} "
                   f"{'-' if cov is None else f'{100 * cov:.0f} %':>20s} {width:>13s}")  # fmt: skip
     print(f"points faster than their bound: {len(s['violations'])} {s['violations'] or ''}")
+    print("configuration searches (the source's fastest among its candidates: refdl's first, "
+          "in its first 3):")  # fmt: skip
+    for part in ("calibration", "heldout"):
+        v = s["searches"][part]
+        tau = v["mean_kendall_tau_b"]
+        print(f"  {part:12s} {v['searches']:3d} searches ({v['measured']} measured, "
+              f"{v['stated']} stated): first {_fmt(v['best_is_first'])}, top 3 "
+              f"{_fmt(v['best_in_top3'])}; of the {v['wide_searches']} with more than 3 "
+              f"candidates, top 3 {_fmt(v['wide_best_in_top3'])}; mean Kendall tau "
+              f"{'-' if tau is None else f'{tau:.2f}'}")  # fmt: skip
     return 0

@@ -1,0 +1,159 @@
+"""Published configuration searches: several layouts of one model on one machine, and
+which one the source found fastest - does refdl's cost model choose as it did?
+
+Two kinds, both in the published data set:
+
+- *measured*: ``parallel`` points carrying a ``search`` id; a search is the points of one
+  id at one worker count and one global batch (the rest of the layout varies), each with
+  its measured time. Reported: the rank refdl's prediction gives the measured best,
+  Kendall's tau between predicted and measured times; the points' intervals count in the
+  ``parallel`` kind's coverage like any other point's.
+- *stated*: ``[[search]]`` tables, where the source says which of its candidates was
+  fastest but prints no numbers (e.g. Narayanan et al. 2021, Figures 12-17): the
+  candidates (layout changes over a base layout) and the index of the fastest.
+
+A search's part is its source's (``[split]``); no fit reads a search (the stated ones
+have no numbers; the measured points of a calibration source are marked ``fit =
+false``), so the held-out part judges the ranking on cases it was not tuned on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from statistics import mean
+from typing import Any
+
+from refdl.errors import UsageError
+
+SEARCH_KEYS = {"id", "source", "where", "quote", "hw", "library", "model", "workers", "nodes",
+               "precision", "base", "candidates", "best", "note"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Stated:
+    """A search whose source states the fastest candidate (a ``[[search]]`` table)."""
+
+    id: str
+    source: str
+    part: str
+    hw: str
+    library: str
+    model: str
+    workers: int
+    nodes: int
+    precision: str
+    base: dict
+    candidates: list[dict]
+    best: int
+
+
+def load_stated(raw: list[dict[str, Any]], parts: dict[str, str], path: str) -> list[Stated]:
+    """The data set's ``[[search]]`` tables, checked."""
+    out = []
+    for t in raw:
+        sid = t.get("id", "?")
+        if set(t) - SEARCH_KEYS or t.get("source") not in parts:
+            raise UsageError(f"--data {path}: search {sid!r} has an unknown source or keys "
+                             f"other than {', '.join(sorted(SEARCH_KEYS))}")  # fmt: skip
+        cands = t.get("candidates") or []
+        best = t.get("best")
+        if len(cands) < 2 or not isinstance(best, int) or not 0 <= best < len(cands):
+            raise UsageError(f"--data {path}: search {sid!r} needs 2+ candidates and the "
+                             "index of the fastest (best)")  # fmt: skip
+        out.append(Stated(sid, t["source"], parts[t["source"]], t["hw"], t.get("library", ""),
+                          t["model"], int(t["workers"]), int(t.get("nodes", 1)),
+                          t["precision"], dict(t.get("base", {})), [dict(c) for c in cands],
+                          best))  # fmt: skip
+    return out
+
+
+def kendall_tau_b(x: list[float], y: list[float]) -> float | None:
+    """Kendall's tau-b (ties in either sample count as neither agreeing nor not)."""
+    c = d = tx = ty = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tx += 1
+            elif dy == 0:
+                ty += 1
+            elif (dx > 0) == (dy > 0):
+                c += 1
+            else:
+                d += 1
+    den = ((c + d + tx) * (c + d + ty)) ** 0.5
+    return (c - d) / den if den else None
+
+
+def rank_of(predicted: list[float], index: int) -> int:
+    """1 + how many candidates refdl predicts faster than candidate ``index``."""
+    return 1 + sum(t < predicted[index] for t in predicted)
+
+
+def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each measured search (rows of predicted points with a ``search_key``): the
+    measured best, the rank refdl gives it, Kendall's tau."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("search_key") and "predicted" in r:
+            groups.setdefault(r["search_key"], []).append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        if len(rs) < 2:
+            continue
+        pub = [r["published"] for r in rs]
+        pred = [r["predicted"] for r in rs]
+        best = pub.index(min(pub))
+        out.append({"search": key, "kind": "measured", "part": rs[0]["part"],
+                    "source": rs[0]["source"], "candidates": len(rs),
+                    "best": rs[best]["layout_text"], "refdl_rank_of_best": rank_of(pred, best),
+                    "refdl_first": rs[pred.index(min(pred))]["layout_text"],
+                    "kendall_tau_b": kendall_tau_b(pred, pub)})  # fmt: skip
+    return out
+
+
+def stated(searches: list[Stated], predict: Any) -> list[dict[str, Any]]:
+    """Each stated search: the rank refdl gives the source's fastest candidate.
+    ``predict(search, layout) -> seconds`` (``refdl.bench.published``)."""
+    out = []
+    for s in searches:
+        row = {"search": s.id, "kind": "stated", "part": s.part, "source": s.source,
+               "candidates": len(s.candidates)}  # fmt: skip
+        try:
+            pred = [predict(s, {**s.base, **c}) for c in s.candidates]
+        except UsageError as e:
+            out.append({**row, "skipped": str(e)})
+            continue
+        text = [", ".join(f"{k}={v}" for k, v in c.items()) for c in s.candidates]
+        out.append({**row, "best": text[s.best], "refdl_rank_of_best": rank_of(pred, s.best),
+                    "refdl_first": text[pred.index(min(pred))]})  # fmt: skip
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per part: searches ranked, how often the source's fastest is refdl's first and in
+    its first three (also among searches of more than three candidates alone), the mean
+    Kendall's tau of the measured ones."""
+    out: dict[str, Any] = {}
+    for part in ("calibration", "heldout"):
+        done = [r for r in results if r["part"] == part and "refdl_rank_of_best" in r]
+        wide = [r for r in done if r["candidates"] > 3]
+        taus = [r["kendall_tau_b"] for r in done if r.get("kendall_tau_b") is not None]
+        out[part] = {
+            "searches": len(done),
+            "measured": sum(r["kind"] == "measured" for r in done),
+            "stated": sum(r["kind"] == "stated" for r in done),
+            "best_is_first": _share([r["refdl_rank_of_best"] == 1 for r in done]),
+            "best_in_top3": _share([r["refdl_rank_of_best"] <= 3 for r in done]),
+            "wide_searches": len(wide),
+            "wide_best_in_top3": _share([r["refdl_rank_of_best"] <= 3 for r in wide]),
+            "mean_kendall_tau_b": mean(taus) if taus else None,
+        }
+    out["skipped"] = [r["search"] for r in results if "skipped" in r]
+    return out
+
+
+def _share(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
