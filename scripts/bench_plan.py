@@ -29,26 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def kendall_tau_b(x: list[float], y: list[float]) -> float:
-    """Kendall's tau-b of two samples (ties in either counted as neither agreeing nor not)."""
-    n, concordant, discordant, ties_x, ties_y = len(x), 0, 0, 0, 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif (dx > 0) == (dy > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    denom = ((concordant + discordant + ties_x) * (concordant + discordant + ties_y)) ** 0.5
-    return (concordant - discordant) / denom if denom else 0.0
-
-
 def chosen(found: list, count: int) -> list[tuple[int, object]]:
     """(rank, priced) of the predicted best and evenly spaced ranks down to the slowest."""
     if len(found) <= count:
@@ -71,6 +51,7 @@ def measure(model: str, batch: int, flags: list[str], steps: int, out: Path) -> 
 
 def bench(model: str, batch: int, count: int, steps: int, tmp: Path) -> dict:
     from refdl import hw
+    from refdl.bench.searches import kendall_tau_b
     from refdl.perf.model_cost import model_cost
     from refdl.perf.search import Planner
 

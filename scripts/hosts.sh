@@ -118,11 +118,15 @@ case "${1:-}" in
   down) down ;;
   agent) shift; agent "$@" ;;
   shell) on_host "${2:?hosts.sh: shell takes a host}" bash -i ;;
-  cut) need_root; ip -n "$NET" link set "h${2#"$PREFIX"}" down ;;
-  mend) need_root; ip -n "$NET" link set "h${2#"$PREFIX"}" up ;;
-  kill)
+  cut|mend|kill)
     need_root
-    for pid in $(ip netns pids "${2:?hosts.sh: kill takes a host}"); do kill -9 "$pid" 2>/dev/null || true; done ;;
+    h="${2:-}"
+    hosts | grep -qx "$h" || die "$1 takes a test host (up: $(hosts | tr '\n' ' '))"
+    case "$1" in
+      cut) ip -n "$NET" link set "h${h#"$PREFIX"}" down ;;
+      mend) ip -n "$NET" link set "h${h#"$PREFIX"}" up ;;
+      kill) for pid in $(ip netns pids "$h"); do kill -9 "$pid" 2>/dev/null || true; done ;;
+    esac ;;
   list) for h in $(hosts); do echo "$h $(addr_of "$h")"; done ;;
   *) die "usage: hosts.sh up N | down | agent HOST CMD... | shell HOST | cut|mend|kill HOST | list" ;;
 esac

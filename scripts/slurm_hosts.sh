@@ -27,7 +27,7 @@ on() { local h="$1"; shift; bash "$HOSTS" agent "$h" "$@"; }
 PACKAGES="slurm-wlm munge libpmix-dev"
 install() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null &&
-    [ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ] && return 0
+    dpkg -s libpmix-dev >/dev/null 2>&1 && return 0
   echo "slurm_hosts.sh: installing Debian's $PACKAGES" >&2
   export DEBIAN_FRONTEND=noninteractive
   # shellcheck disable=SC2086
@@ -94,11 +94,13 @@ up() {
     --pid-file="$MUNGE/munged.pid" --log-file="$MUNGE/munged.log" --seed-file="$MUNGE/seed"
   on refdl-h1 slurmctld
   for h in $(hosts); do on "$h" slurmd; done
+  local ready=""
   for _ in $(seq 1 60); do  # the nodes register with slurmctld
     if on refdl-h1 sinfo -h -o %T 2>/dev/null | grep -qvE 'idle|mixed|alloc'; then sleep 0.5; continue; fi
-    [ "$(on refdl-h1 sinfo -h -N -o %N 2>/dev/null | sort -u | wc -l)" = "$n" ] && break
+    [ "$(on refdl-h1 sinfo -h -N -o %N 2>/dev/null | sort -u | wc -l)" = "$n" ] && { ready=1; break; }
     sleep 0.5
   done
+  [ -n "$ready" ] || die "the nodes did not register with slurmctld in 30 s (logs: $STATE/*.log)"
   on refdl-h1 "sinfo -N -o '%N %T %c'" >&2
   echo "slurm_hosts.sh: up on $(hosts | tr '\n' ' ')(srun/sbatch inside the hosts: bash scripts/hosts.sh agent refdl-h1 srun ...)" >&2
 }

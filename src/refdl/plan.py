@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import subprocess
 import sys
@@ -34,9 +35,10 @@ from refdl.cli import Parser
 from refdl.config.paths import writable_file
 from refdl.config.values import Int
 from refdl.errors import UsageError
+from refdl.perf import OPTIMIZER_WORDS
 
 PROG = "refdl plan"
-WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
@@ -44,7 +46,7 @@ def memory_size(text: str) -> float:
     """``80GB``, ``64MiB``, ``1.5e9`` or a plain byte count, in bytes."""
     try:
         value = float(text)
-        if value > 0:
+        if value > 0 and math.isfinite(value):
             return value
     except ValueError:
         pass
@@ -68,7 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", help="bytes per device (default: the device's memory)")
     p.add_argument("--top", type=int, default=5, help="configurations printed (default 5)")
     p.add_argument("--precision", help="fp32 or bf16 (default: every one the device has)")
-    p.add_argument("--optimizer", default="adam", help="sgd, momentum or adam (state size)")
+    p.add_argument("--optimizer",
+                   help="sgd, momentum or adam (its state's size; default: a refdl model's "
+                   "own optimizer, adam for a shape)")  # fmt: skip
     p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     p.add_argument("--json", action="store_true", help='{"configurations": [...]}, best first')
     p.add_argument("--plot", metavar="FILE.png", help="the top configurations' terms")
@@ -96,6 +100,15 @@ def model_of(name: str, seq_len: int | None) -> Any:
     return model_cost(name, (("seq_len", str(seq_len)),))
 
 
+def default_optimizer(name: str) -> str:
+    """A refdl model's own optimizer (its recipe's), Adam for a shape-only model."""
+    from refdl.models import MODELS
+
+    if name in MODELS.names():
+        return str(MODELS.get(name).defaults.get("optimizer", "adam"))
+    return "adam"
+
+
 def row(p: Any, transformer: bool) -> dict[str, Any]:
     """One configuration as ``--json`` gives it."""
     c = p.config
@@ -118,7 +131,7 @@ def row(p: Any, transformer: bool) -> dict[str, Any]:
         "dominant_term": p.dominant,
         "dominant_share": p.terms[p.dominant] / total if total else None,
         "terms_s": p.terms,
-        "train_flags": c.train_flags(transformer),
+        "train_flags": c.train_flags(transformer) if c.runnable(transformer) else None,
         "description": c.describe(),
     }
 
@@ -127,12 +140,14 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """Search as the flags say; the ``--json`` record and the search."""
     from refdl.perf.search import Planner, why_first
 
-    for flag, value in (("--devices", args.devices), ("--batch-size", args.batch_size),
-                        ("--top", args.top), ("--steps", args.steps)):  # fmt: skip
-        if problem := Int(min=1, max=1 << 24).problem(value):
+    bounds = (("--devices", args.devices, MAX_DEVICES), ("--batch-size", args.batch_size, 1 << 24),
+              ("--top", args.top, 1 << 20), ("--steps", args.steps, 1 << 30))  # fmt: skip
+    for flag, value, top in bounds:
+        if problem := Int(min=1, max=top).problem(value):
             raise UsageError(f"{flag} must be {problem}")
-    if args.optimizer not in WORDS:
-        raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(WORDS)}")
+    optimizer = args.optimizer or default_optimizer(args.model)
+    if optimizer not in OPTIMIZER_WORDS:
+        raise UsageError(f"unknown --optimizer {optimizer!r}; choose {', '.join(OPTIMIZER_WORDS)}")
     precisions = None
     if args.precision is not None:
         precisions = tuple(x.strip() for x in args.precision.split(","))
@@ -147,7 +162,7 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     t0 = time.perf_counter()
     planner = Planner(
         model, profile, args.devices, args.batch_size, memory_limit=limit,
-        precisions=precisions, optimizer_words=WORDS[args.optimizer], library=args.library,
+        precisions=precisions, optimizer_words=OPTIMIZER_WORDS[optimizer], library=args.library,
         runnable_only=args.run,
     )  # fmt: skip
     result = planner.search(args.top)
@@ -156,6 +171,7 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     record = {
         "hw": profile.name,
         "model": args.model,
+        "optimizer": optimizer,
         "params": model.params,
         "devices": args.devices,
         "global_batch": args.batch_size,
@@ -226,11 +242,10 @@ def draw(record: dict[str, Any], path: str) -> None:
 def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:
     """``refdl train`` with the best configuration (a process of its own: it sets the
     simulated device count before JAX starts)."""
-    if not record["configurations"]:
-        raise UsageError("no configuration fits; raise --memory-limit or --devices")
     best = record["configurations"][0]
     cmd = [sys.executable, "-m", "refdl.train", "--model", args.model, "--batch-size",
-           str(args.batch_size), *best["train_flags"], "--steps", str(args.steps)]  # fmt: skip
+           str(args.batch_size), *best["train_flags"], "--steps", str(args.steps),
+           "--optimizer", record["optimizer"]]  # fmt: skip
     if args.seq_len:
         cmd += ["--data-opt", f"seq_len={args.seq_len}"]
     if args.out:

@@ -33,7 +33,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
-from refdl.perf import PredictOptions, architectures, intervals
+from refdl.perf import OPTIMIZER_WORDS, PredictOptions, architectures, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
@@ -334,7 +334,7 @@ def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
     try:
         workers = _ints(args.workers or _mesh_size(args.mesh) or "1,2,4,8")
-        words = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+        words = OPTIMIZER_WORDS
         if args.optimizer not in words:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
         if args.plot:

@@ -334,10 +334,10 @@ def test_parallel_points_are_predicted_on_held_out_layouts(bench_json):
     h, c = bench_json["heldout"]["parallel"], bench_json["calibration"]["parallel"]
     assert h["n"] >= 10 and c["n"] >= 10
     assert h["median_abs_error"] <= 0.10 and h["coverage"] >= 0.8  # 7.0 %, 100 % (60 points)
-    # the points of issue 35 (no search): 4.5 %, 23 %
+    # the points of no search (issue 35's 12 but the 4 tagged as Table 2's): within 30 %
     own = [abs(r["error"]) for r in bench_json["points"] if r["kind"] == "parallel"
            and r["part"] == "heldout" and "error" in r and not r.get("search_key")]  # fmt: skip
-    assert len(own) >= 10 and sorted(own)[len(own) // 2] <= 0.10 and max(own) <= 0.30
+    assert len(own) >= 8 and sorted(own)[len(own) // 2] <= 0.10 and max(own) <= 0.30
     points, _ = P.load()
     calibration = [p for p in points if p.part == "calibration"]
     fits = parallel_points.fit(calibration, P.PRECISION, P._library)
@@ -354,7 +354,7 @@ def test_configuration_searches_are_ranked_and_reported(bench_json):
     """Issue 37 item 4: published configuration searches (several layouts of one model on
     one machine, measured or with the fastest stated) held out of every fit; how often
     the source's fastest is refdl's first and in its first three. 2026-11-26: 29 held-out
-    searches, first 69 %, top 3 90 % (of the 12 with more than 3 candidates, 75 %). The
+    searches, first 69 %, top 3 86 % (of the 12 with more than 3 candidates, 67 %). The
     searches' own points: the largest held-out miss Narayanan et al.'s ZeRO-3 rows, 46 %."""
     s = bench_json["searches"]
     h = s["heldout"]
@@ -363,7 +363,7 @@ def test_configuration_searches_are_ranked_and_reported(bench_json):
     assert 0.6 <= h["best_is_first"] <= h["best_in_top3"] <= 1.0
     assert h["wide_best_in_top3"] >= 0.5 and h["mean_kendall_tau_b"] > 0
     cases = s["cases"]
-    assert all(c["refdl_rank_of_best"] <= c["candidates"] for c in cases if "skipped" not in c)
+    assert not s["skipped"] and all("refdl_rank_of_best" in c for c in cases)
     points, _ = P.load()
     searched = [p for p in points if p.search]
     assert all(p.kind == "parallel" for p in searched)
@@ -382,8 +382,11 @@ def test_search_ranks_and_tau():
     from refdl.bench.searches import kendall_tau_b, rank_of
 
     assert rank_of([3.0, 1.0, 2.0], 1) == 1 and rank_of([3.0, 1.0, 2.0], 0) == 3
+    assert rank_of([1.0, 1.0, 2.0], 0) == 2  # a tie counts against the source's fastest
     assert kendall_tau_b([1, 2, 3], [10, 20, 30]) == 1.0
     assert kendall_tau_b([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau_b([1, 1, 2], [5, 6, 7]) == pytest.approx(2 / 6**0.5)  # tau-b with a tie
+    assert kendall_tau_b([1, 1], [2, 2]) is None  # no pair to order
 
 
 def test_a_stated_search_without_its_best_is_refused(tmp_path):

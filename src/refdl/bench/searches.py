@@ -88,8 +88,9 @@ def kendall_tau_b(x: list[float], y: list[float]) -> float | None:
 
 
 def rank_of(predicted: list[float], index: int) -> int:
-    """1 + how many candidates refdl predicts faster than candidate ``index``."""
-    return 1 + sum(t < predicted[index] for t in predicted)
+    """Candidate ``index``'s place in refdl's order: 1 + how many others it predicts as
+    fast or faster (a tie counts against it)."""
+    return 1 + sum(t <= predicted[index] for i, t in enumerate(predicted) if i != index)
 
 
 def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

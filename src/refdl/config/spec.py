@@ -359,17 +359,12 @@ def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str
 
 
 # What ``--reshard`` may change when resuming: where and how the state is split (the
-# strategy, its devices and mesh, every strategy's options) and recomputation. Everything
-# else says what is trained and how, and must agree with the checkpoint's.
-LAYOUT_KEYS = (
-    "strategy",
-    "remat",
-    *(
-        f.name
-        for f in dataclasses.fields(RunSpec)
-        if f.metadata["group"] in (DEVICES_GROUP, WORKERS_GROUP)
-    ),
-)
+# strategy, its devices and mesh, the synchronous strategies' options) and recomputation.
+# Everything else says what is trained and how (a compression codec, a parameter server's
+# or a graph's settings included), and must agree with the checkpoint's.
+LAYOUT_KEYS = ("strategy", "remat", "devices", "mesh", "allreduce", "microbatches", "zero",
+               "preset", "cp", "sequence_parallel", "stages", "schedule", "chunks",
+               "stage_boundaries")  # fmt: skip
 
 
 def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:

@@ -115,7 +115,9 @@ def mpirun_on_hosts(
     """``mpirun`` placing its ranks on ``hosts`` (in order, filling each host's slots),
     starting its daemons through ``agent`` (ssh when None). When this machine is not one
     of the hosts and an agent is given, mpirun itself is started on the first host through
-    the agent (its daemons must reach it: the test hosts cannot reach this machine)."""
+    the agent (its daemons must reach it: the test hosts cannot reach this machine), with
+    the forwarded variables set on its command line (ssh's shell has its own environment;
+    a signal to the agent reaches mpirun only where the agent execs it, as hosts.sh's)."""
     exe, rest = mpirun[0], [a for a in mpirun[1:] if a != "--oversubscribe"]
     spec = ",".join(f"{h.name}:{h.slots}" for h in hosts)
     # by slot: the first host's ranks, then the next's (oversubscribing would put every
@@ -124,7 +126,9 @@ def mpirun_on_hosts(
     if agent:
         cmd += ["--mca", "plm_ssh_agent", shlex.join(agent)]
     cmd += rest
-    if agent and not is_here(hosts):
-        line = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(cmd)}"
+    if agent and not is_here(hosts):  # ssh starts a shell of its own: say the environment
+        named = [f"{n}={env[n]}" for n in sorted(env)
+                 if n in FORWARDED or n.startswith(FORWARDED_PREFIXES)]  # fmt: skip
+        line = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(['env', *named, *cmd])}"
         return [*agent, hosts[0].name, line]
     return cmd

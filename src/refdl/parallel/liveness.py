@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
+
+from refdl.errors import UsageError
 
 INTERVAL = 1.0  # seconds between heartbeats
 GATHER_S = 0.3  # after a lost rank, how long the others lost with it have to show
@@ -68,14 +69,13 @@ class Monitor:
                 if tell is not None:
                     tell(line)
             finally:
-                self._exit(line, self.rank)
+                record_for_launcher(line, self.rank)  # (if telling failed half-way)
+                self._exit(line)
 
-    def _exit(self, line: str, found_by: int) -> None:
-        """Leave the line for the launcher (``found_by``: the rank whose finding it is),
-        print it (mpirun may have gone, taking the pipe behind stderr with it), end the
-        process."""
+    def _exit(self, line: str) -> None:
+        """Print the line (mpirun may have gone, taking the pipe behind stderr with it)
+        and end the process (its record for the launcher was written already)."""
         try:
-            record_for_launcher(line, found_by)
             os.write(2, f"{self.prog}: error: rank {self.rank}: {line}\n".encode())
         except OSError:
             pass
@@ -136,21 +136,28 @@ class _Root(Monitor):
         self._fail(f"{' and '.join(parts)} {were} lost ({why})", self._tell, since)
 
     def _also_gone(self, seconds: float) -> set[int]:
-        """The ranks whose connections close within ``seconds``, or are silent already."""
+        """The ranks whose connections close within ``seconds`` (a goodbye meanwhile
+        counts as none), or that are silent already."""
         gone: set[int] = set()
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            live = [s for s in self.peers if self.peers[s] not in gone]
-            ready, _, _ = select.select(live, [], [], max(0.0, deadline - time.monotonic()))
-            for s in ready:
-                try:
-                    closed = s.recv(4096) == b""
-                except OSError:
-                    closed = True
-                if closed:
-                    gone.add(self.peers[s])
-            if not ready:
-                break
+        with selectors.DefaultSelector() as sel:
+            for s, r in self.peers.items():
+                sel.register(s, selectors.EVENT_READ, r)
+            while (left := deadline - time.monotonic()) > 0:
+                ready = sel.select(timeout=left)
+                if not ready:
+                    break
+                for key, _ in ready:
+                    try:
+                        data = key.fileobj.recv(4096)
+                    except OSError:
+                        data = b""
+                    if b"BYE" in data:
+                        self.gone.add(key.data)
+                    if not data or b"BYE" in data:
+                        sel.unregister(key.fileobj)
+                        if not data:
+                            gone.add(key.data)
         now = time.monotonic()
         silent = {k for k, t in self.heard.items() if now - t > self.lost_after / 2}
         return (gone | silent) - self.gone
@@ -164,7 +171,10 @@ class _Root(Monitor):
             for key, _ in sel.select(timeout=INTERVAL / 4):
                 s = key.fileobj
                 if s is self.listener:
-                    conn, _ = self.listener.accept()
+                    try:
+                        conn, _ = self.listener.accept()
+                    except OSError:  # out of descriptors, a connection reset at once
+                        continue
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     buffers[conn] = b""
                     sel.register(conn, selectors.EVENT_READ)
@@ -184,13 +194,17 @@ class _Root(Monitor):
                 *lines, buffers[s] = buffers[s].split(b"\n")
                 for line in lines:
                     word, _, rest = line.decode(errors="replace").partition(" ")
-                    if word == "HELLO":
+                    if word == "HELLO" and rest.isdigit() and 0 < int(rest) < self.size:
                         r = int(rest)
                         self.peers[s] = r
                     elif word == "BYE" and r is not None:
                         self.gone.add(r)
-                    if r is not None:
+                    if r is not None:  # anything else a connection says is only a beat
                         self.heard[r] = time.monotonic()
+                if len(buffers[s]) > 1 << 16:  # no line: not one of ours
+                    sel.unregister(s)
+                    buffers.pop(s)
+                    s.close()
             now = time.monotonic()
             if now - last_beat >= INTERVAL:
                 last_beat = now
@@ -248,9 +262,10 @@ class _Member(Monitor):
             for line in lines:
                 word, _, rest = line.decode(errors="replace").partition(" ")
                 if word == "LOST":
-                    self._failing = True
                     with self._lock:
-                        self._exit(rest, 0)
+                        self._failing = True
+                        record_for_launcher(rest, 0)
+                        self._exit(rest)
                 if word == "BYE":
                     self._stop.set()  # rank 0 finished: its closing is no loss
 
@@ -279,11 +294,12 @@ def record_for_launcher(line: str, rank: int = 0) -> None:
         f.write(line + "\n")
 
 
-def start(comm, hosts: list[str], address: str, timeout_s: float, prog: str) -> Monitor:
-    """Every rank calls it at the same point: rank 0 listens on ``address`` (its own
-    address as the other ranks reach it) and tells them the port over ``comm`` (mpi4py);
-    each other rank connects. ``timeout_s``: the run's ``--timeout`` (silence beyond
-    ``min(timeout_s / 2, LOST_AFTER_MAX)`` is a lost rank)."""
+def start(comm, hosts: list[str], name: str, local: bool, timeout_s: float, prog: str) -> Monitor:
+    """Every rank calls it at the same point: rank 0 listens (on loopback when every rank
+    is on its host, ``local``, else on every interface) and tells the others its port
+    and ``name``, which each resolves itself (rank 0's own resolution of its name may
+    be loopback); each other rank connects. ``timeout_s``: the run's ``--timeout``
+    (silence beyond ``min(timeout_s / 2, LOST_AFTER_MAX)`` is a lost rank)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     lost_after = max(3 * INTERVAL, min(timeout_s / 2, LOST_AFTER_MAX))
     kw = {"hosts": hosts, "lost_after": lost_after, "prog": prog}
@@ -291,12 +307,18 @@ def start(comm, hosts: list[str], address: str, timeout_s: float, prog: str) -> 
     if rank == 0:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((address, 0))
+        listener.bind(("127.0.0.1" if local else "", 0))
         listener.listen(size)
         port = listener.getsockname()[1]
-    address, port = comm.bcast((address, port), root=0)
+    name, port = comm.bcast((name, port), root=0)
     if rank == 0:
         return _Root(listener, size, **kw)
-    sock = socket.create_connection((address, port), timeout=30)
+    try:
+        sock = socket.create_connection((name, port), timeout=30)
+    except OSError as e:
+        raise UsageError(
+            f"rank {rank} cannot reach rank 0's heartbeats at {name}:{port} ({e}); set "
+            "REFDL_COORDINATOR_HOST to an address of rank 0's host the others reach"
+        ) from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return _Member(sock, rank, **kw)

@@ -126,17 +126,29 @@ def slurm_coordinator() -> str:
 
 
 def expand_nodelist(text: str) -> list[str]:
-    """Slurm's compressed host list (``node[001-003,007],login1``) as names."""
+    """Slurm's compressed host list (``node[001-003,007]-ib,login1``) as names; one that
+    cannot be read is a UsageError."""
+    items, depth, cur = [], 0, ""
+    for ch in text:  # split on the commas outside brackets
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
     names = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", text):
-        prefix, ranges = m.group(1), m.group(2)
-        if ranges is None:
-            names.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for k in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{k:0{len(lo)}d}")
+    for item in items:
+        m = re.fullmatch(r"([^\[\]]*)(?:\[([0-9,\-]+)\]([^\[\]]*))?", item)
+        ranges = [] if m is None or m.group(2) is None else m.group(2).split(",")
+        if m is None or not item or any(not re.fullmatch(r"\d+(-\d+)?", r) for r in ranges):
+            raise UsageError(f"cannot read the host list {text!r} (SLURM_STEP_NODELIST)")
+        if not ranges:
+            names.append(item)
+        for r in ranges:
+            lo, _, hi = r.partition("-")
+            width, tail = len(lo), m.group(3)
+            names += [f"{m.group(1)}{k:0{width}d}{tail}" for k in range(int(lo), int(hi or lo) + 1)]
     return names
 
 
@@ -266,7 +278,20 @@ def _rank0_host(hosts: list[str]) -> str:
     this host's name."""
     if os.environ.get("REFDL_COORDINATOR_HOST"):
         return os.environ["REFDL_COORDINATOR_HOST"]
-    return "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostname()
+    return "127.0.0.1" if _one_host(hosts) else socket.gethostname()
+
+
+def _one_host(hosts: list[str]) -> bool:
+    """Whether every rank runs on this host: the launcher's count of its local ranks
+    where it gives one (containers on several machines may share a host name), else the
+    ranks' host names."""
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local and local.isdigit():
+        return int(local) == launched_size()
+    nodes = os.environ.get("SLURM_STEP_NUM_NODES")
+    if nodes and nodes.isdigit() and "SLURM_STEP_ID" in os.environ:
+        return nodes == "1"
+    return len(set(hosts)) == 1
 
 
 class Watchdog:
@@ -327,8 +352,8 @@ def watch_peers(hosts: list[str], timeout_s: float, prog: str = "refdl.train") -
     (``refdl.parallel.liveness``; every rank calls it at the same point); else None."""
     if not under_mpi():
         return None
-    address = socket.gethostbyname(_rank0_host(hosts)) if launched_rank() == 0 else ""
-    return liveness.start(comm(), hosts, address, timeout_s, prog)
+    name = _rank0_host(hosts) if launched_rank() == 0 else ""
+    return liveness.start(comm(), hosts, name, name == "127.0.0.1", timeout_s, prog)
 
 
 @functools.lru_cache(maxsize=1)
@@ -357,15 +382,15 @@ def _become_subreaper() -> bool:
 def _reap_orphans(limit_s: float) -> None:
     """Wait at most ``limit_s`` for the descendants reparented to this process to end, then
     kill the rest (a rank still waiting for a host that is gone)."""
-    deadline = time.monotonic() + limit_s
-    while True:
+    start = time.monotonic()
+    while time.monotonic() - start < 3 * limit_s:  # the killed must go; then stop waiting
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return  # none left
         if pid:
             continue
-        if time.monotonic() > deadline:  # (a killed child's own children come to us next)
+        if time.monotonic() - start > limit_s:  # (a killed child's children come to us next)
             for child in _children():
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
@@ -390,18 +415,19 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
     ``Stopper.MEANS``), so every rank stops after the step in flight and rank 0
     checkpoints it."""
     env = mpirun_env()
-    cmd = mpirun_command(ranks, argv)
-    if hosts:
-        cmd = mpirun_on_hosts(cmd, hosts, agent, env)
     # where a rank leaves its line when a rank is lost (the hosts share this folder)
     scratch = Path(tempfile.mkdtemp(prefix=".refdl-launch-", dir="." if hosts else None))
-    record = scratch / "record"
-    env[liveness.RECORD_VAR] = str(record.absolute())
-    subreaper = _become_subreaper()  # ranks mpirun leaves behind become our children
-    proc = subprocess.Popen(cmd, env=env)
-    relay = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
-    old = {s: signal.signal(s, lambda sig, _f: proc.send_signal(relay[sig])) for s in relay}
+    old: dict = {}
     try:
+        record = scratch / "record"
+        env[liveness.RECORD_VAR] = str(record.absolute())
+        cmd = mpirun_command(ranks, argv)
+        if hosts:
+            cmd = mpirun_on_hosts(cmd, hosts, agent, env)
+        subreaper = _become_subreaper()  # ranks mpirun leaves behind become our children
+        proc = subprocess.Popen(cmd, env=env)
+        relay = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
+        old = {s: signal.signal(s, lambda sig, _f: proc.send_signal(relay[sig])) for s in relay}
         status, noticed = None, None
         while status is None:
             try:

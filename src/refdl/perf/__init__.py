@@ -51,6 +51,10 @@ def _opt(default: Any, value: Any) -> Any:
     return dataclasses.field(default=default, metadata={"value": value})
 
 
+# fp32 words of optimizer state a parameter carries (momentum's velocity; Adam's two moments)
+OPTIMIZER_WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+
+
 @dataclasses.dataclass(frozen=True)
 class PredictOptions:
     """What a prediction assumes beyond model, hardware, batch and workers; each field

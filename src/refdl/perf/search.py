@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,8 +95,16 @@ class Config:
         parts.append(self.precision)
         return ", ".join(parts)
 
+    def runnable(self, transformer: bool) -> bool:
+        """Whether ``refdl train`` runs it: its hybrid has no ZeRO over data (``fsdp`` is
+        the ZeRO axis) and splits a sequence over ``context`` or for sequence
+        parallelism, not both."""
+        if transformer and self.zero:
+            return False
+        return not (self.sequence_parallel and self.mesh.context > 1)
+
     def train_flags(self, transformer: bool) -> list[str]:
-        """``refdl train`` flags that run it."""
+        """``refdl train`` flags that run it (see ``runnable``)."""
         strategy = self.strategy(transformer)
         flags = ["--strategy", strategy, "--devices", str(self.mesh.size)]
         if strategy == "fsdp":
@@ -145,7 +154,9 @@ class Search:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def meshes(n: int, axes: tuple[str, ...]) -> Iterator[MeshSpec]:
@@ -318,7 +329,7 @@ class Planner:
                     p = self.price(cand)
                 except UsageError:
                     continue
-                if self.limit is None or p.memory_bytes <= self.limit:
+                if p.memory_bytes <= self.limit:
                     return p
                 self.too_big += 1
         return None

@@ -40,7 +40,9 @@ def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
     for c in found:
         assert c["step_time_low_s"] < c["step_time_s"] < c["step_time_high_s"]
         assert 0 < c["memory_bytes_per_device"] <= 80e9
-        assert sum(c["mesh"].values()) and c["dominant_term"] in c["terms_s"]
+        assert c["dominant_term"] in c["terms_s"]
+        assert c["terms_s"][c["dominant_term"]] == max(c["terms_s"].values())
+        assert sum(c["terms_s"].values()) == pytest.approx(c["step_time_s"], rel=1e-6)
         m = c["mesh"]
         assert m["data"] * m["fsdp"] * m["model"] * m["context"] * m["pipe"] == 1024
     assert r["priced"] > 1000 and "faster than the next" in r["why_first"]
@@ -89,8 +91,25 @@ def test_bad_input_is_one_line(args, says):
 
 
 def test_memory_sizes():
+    from refdl.errors import UsageError
+
     assert memory_size("80GB") == 80e9 and memory_size("64MiB") == 64 * 2**20
     assert memory_size("8e10") == 8e10 and memory_size("1024") == 1024
+    for bad in ("inf", "1e400", "-5", "8 parsecs"):
+        with pytest.raises(UsageError):
+            memory_size(bad)
+
+
+def test_configurations_refdl_train_cannot_run_carry_no_flags():
+    """ZeRO over data for a transformer, or sequence parallelism with a context split:
+    priced, but with no train flags (refdl train runs neither)."""
+    from refdl.config.mesh import MeshSpec
+    from refdl.perf.search import Config
+
+    zero = Config(MeshSpec(data=4, model=2), zero=1, sequence_parallel=True)
+    both = Config(MeshSpec(context=2, model=2), sequence_parallel=True)
+    assert not zero.runnable(True) and not both.runnable(True)
+    assert zero.runnable(False) and Config(MeshSpec(model=2), sequence_parallel=True).runnable(True)
 
 
 def test_meshes_are_every_factorisation():
