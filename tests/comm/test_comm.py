@@ -79,3 +79,46 @@ def test_collective_bytes_parses_groups():
     assert collective_bytes(line2, 8)["all-gather"] == 8 * 1 * 128 // 2
     line3 = "  %ar = f32[10]{0} all-reduce(%z), replica_groups={{0,1,2,3}}, to_apply=%r"
     assert collective_bytes(line3, 4)["total"] == 4 * 2 * 3 * 40 // 4
+
+
+@pytest.mark.parametrize("codec", ["qsgd:4", "terngrad"])
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not(codec):
+    """Gupta et al. 2015: stochastic rounding's expectation is the value. Over K = 2000
+    independent roundings of one vector (n = 2048), the per-coordinate mean error divided
+    by its standard error is ~N(0, 1) under no bias, so the sum of squares over the
+    coordinates is chi-squared with n degrees of freedom: its mean 1 within 0.1 (n = 2048:
+    the statistic's own spread is sqrt(2/n) = 0.03). Nearest rounding is deterministic;
+    its error does not shrink with K: its mean error is larger than stochastic rounding's
+    by a factor growing like sqrt(K) (here over 10)."""
+    from refdl.comm.compress import make_codec
+
+    n, k = 2048, 2000
+    v = jnp.asarray(np.random.default_rng(0).standard_normal(n), jnp.float32)
+    keys = jax.random.split(jax.random.key(1), k)
+
+    def decoded(text: str):
+        c = make_codec(text)
+        out = jax.jit(jax.vmap(lambda key: c.decode(c.encode(v, key), n)))(keys)
+        return np.asarray(out, np.float64) - np.asarray(v, np.float64)[None]
+
+    err = decoded(codec)
+    mean, se = err.mean(axis=0), err.std(axis=0, ddof=1) / np.sqrt(k)
+    moving = se > 0  # (a coordinate quantised exactly has no spread and no error)
+    stat = np.mean((mean[moving] / se[moving]) ** 2)
+    assert moving.sum() > n // 2 and abs(stat - 1.0) < 0.1, stat
+    near = decoded(f"{codec.split(',')[0]},rounding=nearest")
+    assert np.all(near == near[0])  # the same every time: no randomness to average out
+    bias_near = np.linalg.norm(near[0]) / np.linalg.norm(v)
+    bias_stochastic = np.linalg.norm(mean) / np.linalg.norm(v)
+    assert bias_near > 10 * bias_stochastic, (bias_near, bias_stochastic)
+
+
+def test_rounding_is_an_option_of_the_quantizers_only():
+    from refdl.comm.compress import make_codec
+
+    assert make_codec("qsgd:8,rounding=nearest").error_feedback  # biased: error feedback
+    assert not make_codec("qsgd:8").error_feedback
+    for bad, says in (("topk:0.1,rounding=nearest", "an option of the quantizers"),
+                      ("qsgd:8,rounding=up", "is not rounding=stochastic")):  # fmt: skip
+        with pytest.raises(UsageError, match=says):
+            make_codec(bad)

@@ -19,6 +19,12 @@ are the compressed bytes: ``p(p-1)·B`` for payloads of B bytes (all-gather).
 - ``sign``: 1-bit sign packed 8 per byte, scaled by ``mean |v|`` of each bucket of
   512 values (EF-signSGD, Karimireddy et al. 2019, with per-bucket scales: one
   global scale lost 10 points of accuracy on digits).
+
+The quantizers (``qsgd``, ``terngrad``) take ``,rounding=stochastic|nearest``:
+stochastic rounding (Gupta et al. 2015; the papers' own) rounds ``x`` up with
+probability ``x - floor(x)``, so the decoded value's expectation is ``x`` (unbiased);
+``nearest`` rounds to the closest level, biased towards it, and so gets error feedback
+like the other biased codecs (``qsgd:8,rounding=nearest``).
 """
 
 from __future__ import annotations
@@ -45,12 +51,21 @@ class Codec:
     kind: str
     ratio: float = 0.01
     levels: int = 16
+    rounding: str = "stochastic"  # the quantizers': stochastic (unbiased) or nearest
 
     @property
     def error_feedback(self) -> bool:
-        """Biased codecs (topk, sign) keep a residual; unbiased ones (qsgd, terngrad) do not:
-        feeding back their zero-mean noise makes it compound (qsgd:4 diverged with it)."""
-        return self.kind in ("topk", "sign")
+        """Biased codecs (topk, sign, a quantizer rounding to nearest) keep a residual;
+        unbiased ones (qsgd, terngrad with stochastic rounding) do not: feeding back their
+        zero-mean noise makes it compound (qsgd:4 diverged with it)."""
+        return self.kind in ("topk", "sign") or self.rounding == "nearest"
+
+    def round(self, x: Array, key: Array) -> Array:
+        """``x`` (non-negative) to an integer: up with probability ``x - floor(x)``
+        (stochastic: ``E[round(x)] = x``) or to the nearest."""
+        if self.rounding == "nearest":
+            return jnp.floor(x + 0.5)
+        return jnp.floor(x + jax.random.uniform(key, x.shape))
 
     def payload_bytes(self, n: int) -> int:
         """Bytes one worker sends (its payload) for a gradient of ``n`` fp32 values."""
@@ -81,15 +96,13 @@ class Codec:
             return v[idx], idx.astype(jnp.int32)
         if self.kind == "sign":
             return jnp.packbits(v >= 0), jnp.mean(jnp.abs(self._bucketed(v)), axis=1)
-        if self.kind == "terngrad":
+        if self.kind == "terngrad":  # |v| / max|v| rounded to 0 or 1
             scale = jnp.max(jnp.abs(v))
-            prob = jnp.abs(v) / jnp.where(scale > 0, scale, 1.0)
-            keep = jax.random.uniform(key, v.shape) < prob
+            keep = self.round(jnp.abs(v) / jnp.where(scale > 0, scale, 1.0), key)
             return (jnp.sign(v) * keep).astype(jnp.int8), scale[None]
         buckets = self._bucketed(v)  # qsgd: one norm per bucket of BUCKET values
         norm = jnp.linalg.norm(buckets, axis=1, keepdims=True)
-        scaled = jnp.abs(buckets) / jnp.where(norm > 0, norm, 1.0) * self.levels
-        level = jnp.floor(scaled + jax.random.uniform(key, buckets.shape))
+        level = self.round(jnp.abs(buckets) / jnp.where(norm > 0, norm, 1.0) * self.levels, key)
         q = (jnp.sign(buckets) * level).astype(jnp.int8).reshape(-1)[:n]
         return q, norm[:, 0]
 
@@ -136,8 +149,20 @@ class Codec:
 
 
 def make_codec(text: str) -> Codec:
-    """Parse ``--compress``: ``topk:RATIO``, ``qsgd:LEVELS``, ``terngrad`` or ``sign``."""
-    kind, _, arg = text.partition(":")
+    """Parse ``--compress``: ``topk:RATIO``, ``qsgd:LEVELS``, ``terngrad`` or ``sign``, the
+    quantizers with ``,rounding=stochastic|nearest`` (``qsgd:8,rounding=nearest``)."""
+    head, *opts = text.split(",")
+    kind, _, arg = head.partition(":")
+    rounding = "stochastic"
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key != "rounding" or value not in ("stochastic", "nearest"):
+            raise UsageError(f"--compress {text!r}: {opt!r} is not rounding=stochastic or "
+                             "rounding=nearest")  # fmt: skip
+        if kind not in ("qsgd", "terngrad"):
+            raise UsageError(f"--compress {text!r}: rounding is an option of the quantizers "
+                             "(qsgd, terngrad)")  # fmt: skip
+        rounding = value
     try:
         if kind == "topk":
             ratio = float(arg)
@@ -148,12 +173,12 @@ def make_codec(text: str) -> Codec:
             levels = int(arg)
             if not 1 <= levels <= 127:
                 raise ValueError
-            return Codec("qsgd", levels=levels)
+            return Codec("qsgd", levels=levels, rounding=rounding)
         if kind in ("terngrad", "sign") and not arg:
-            return Codec(kind)
+            return Codec(kind, rounding=rounding)
     except ValueError:
         pass
     raise UsageError(
         f"--compress {text!r}: use topk:RATIO (0 < RATIO <= 1), qsgd:LEVELS (1..127), "
-        "terngrad or sign"
+        "terngrad or sign; the quantizers take ,rounding=stochastic|nearest"
     )

@@ -163,7 +163,8 @@ class RunSpec:
     compress: str | None = DEVICES(
         None,
         Optional(Text()),
-        "data: gradient compression, topk:RATIO, qsgd:LEVELS, terngrad or sign (default: none)",
+        "data: gradient compression, topk:RATIO, qsgd:LEVELS, terngrad or sign; the "
+        "quantizers take ,rounding=stochastic|nearest (default: none)",
     )
     zero: int = DEVICES(
         3,
