@@ -99,6 +99,15 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "config", None):
             settings = {**file_settings(args.config), **settings}
         given = set(settings)
+        if settings.get("batch_schedule"):
+            from refdl.config.batches import BatchSchedule
+
+            first = BatchSchedule.parse(settings["batch_schedule"]).size_at(0)
+            if settings.setdefault("batch_size", first) != first:  # the schedule sets it
+                raise UsageError(
+                    f"--batch-schedule starts at batch {first} but --batch-size is "
+                    f"{settings['batch_size']}: drop --batch-size or make them agree"
+                )
         if "resume" in settings:
             settings = run_settings.resumed_settings(settings)
         run_settings.check_given_options(settings, given)

@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any
 
+from refdl.config.batches import BatchSchedule
 from refdl.config.choices import (
     ALLREDUCE,
     CONTEXT_ATTENTION,
@@ -105,6 +106,12 @@ class RunSpec:
     )
     steps: int = OPTIMIZATION(300, Int(min=1, max=10**9), "training steps")
     batch_size: int = OPTIMIZATION(64, Int(min=1, max=10**7), "global batch size")
+    batch_schedule: str | None = OPTIMIZATION(
+        None,
+        Optional(Text()),
+        "a growing global batch, STEP:BATCH,... from step 0 (0:64,100:128,200:256); the "
+        "learning rate stays (default: --batch-size throughout)",
+    )
     optimizer: str | None = OPTIMIZATION(
         None, Optional(Choice(OPTIMIZERS)), "optimizer (default: the model's)"
     )
@@ -289,6 +296,14 @@ class RunSpec:
                 "--workers sets the simulated worker count: add --simulate (under mpirun the "
                 "ranks are the workers)"
             )
+        if self.batch_schedule is not None:  # (a run rebuilt for a later size holds it)
+            sizes = BatchSchedule.parse(self.batch_schedule).sizes
+            if self.batch_size not in sizes:
+                raise UsageError(
+                    f"--batch-schedule starts at batch {sizes[0]} but --batch-size is "
+                    f"{self.batch_size}: drop --batch-size (the schedule sets it) or make "
+                    "them agree"
+                )
         if self.reshard and not self.resume:
             raise UsageError("--reshard continues a checkpoint on another layout: add --resume RUN")
         if self.ps_trace is not None and not self.simulate:

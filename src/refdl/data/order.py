@@ -39,9 +39,14 @@ def global_batch_indices(seed: int, step: int, batch_size: int, n: int) -> np.nd
     >>> len(set(a) | set(b))
     8
     """
+    return stream_indices(seed, step * batch_size, batch_size, n)
+
+
+def stream_indices(seed: int, start: int, batch_size: int, n: int) -> np.ndarray:
+    """Indices of the ``batch_size`` examples at stream positions ``start ..`` (a batch of
+    any size anywhere in the stream: a growing batch's, ``refdl.config.batches``)."""
     if batch_size <= 0 or n <= 0:
         raise UsageError(f"batch size and data set size must be > 0 (got {batch_size}, {n})")
-    start = step * batch_size
     out = np.empty(batch_size, np.int64)
     filled = 0
     while filled < batch_size:

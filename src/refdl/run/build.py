@@ -18,11 +18,12 @@ import jax
 import numpy as np
 
 from refdl.assemble import load_data, make_task, model_shape, resolve
+from refdl.config.batches import BatchSchedule
 from refdl.config.plan import Plan, check_launch, plan
 from refdl.config.spec import RunSpec
 from refdl.core.task import Task
 from refdl.data import Dataset
-from refdl.data.order import global_batch_indices
+from refdl.data.order import global_batch_indices, stream_indices
 from refdl.errors import UsageError
 from refdl.parallel import processes
 from refdl.strategies import STRATEGIES, Strategy, declared_traits
@@ -49,9 +50,24 @@ class Run:
 
 
 def global_batch(dataset: Dataset, spec: RunSpec, step: int) -> dict[str, np.ndarray]:
-    """The global batch of ``step``: a pure function of (seed, step) (``refdl.data.order``)."""
-    idx = global_batch_indices(spec.seed, step, spec.batch_size, dataset.info.train_size)
-    return dataset.train_batch(idx)
+    """The global batch of ``step``: a pure function of (seed, step) (``refdl.data.order``);
+    with ``--batch-schedule``, of the schedule's size at that step and the examples the
+    steps before took."""
+    n = dataset.info.train_size
+    if spec.batch_schedule is None:
+        return dataset.train_batch(global_batch_indices(spec.seed, step, spec.batch_size, n))
+    s = BatchSchedule.parse(spec.batch_schedule)
+    return dataset.train_batch(stream_indices(spec.seed, s.start_at(step), s.size_at(step), n))
+
+
+def resized(run: Run, state: Any, batch: int, built: dict[int, Run]) -> tuple[Run, Any]:
+    """The run rebuilt for a global batch of ``batch`` (a growing batch's next size; each
+    size built once, kept in ``built``), with ``state`` moved to its strategy (gathered,
+    placed: a collective under mpirun, where every rank comes to the same step)."""
+    if batch not in built:
+        built[batch] = build(dataclasses.replace(run.spec, batch_size=batch))
+    new = built[batch]
+    return new, new.strategy.place_state(run.strategy.gather_state(state))
 
 
 def build(spec: RunSpec) -> Run:
@@ -70,10 +86,17 @@ def build(spec: RunSpec) -> Run:
             processes.init_spmd(spec.timeout)
     dataset = load_data(spec)
     task = make_task(spec, dataset)
-    checked = plan(
-        spec, spec.strategy, cls.traits, model_shape(task, dataset, spec.model),
-        ranks=ranks, owners=declared_traits(),
-    )  # fmt: skip
+    shape = model_shape(task, dataset, spec.model)
+    checked = plan(spec, spec.strategy, cls.traits, shape, ranks=ranks, owners=declared_traits())
+    if spec.batch_schedule is not None:  # every batch of the schedule splits as the first
+        if cls.traits.workers:
+            raise UsageError(
+                f"--batch-schedule grows the batch of the strategies that step in lockstep; "
+                f"--strategy {spec.strategy}'s workers take their own shares, drop it"
+            )
+        for b in BatchSchedule.parse(spec.batch_schedule).sizes:
+            plan(dataclasses.replace(spec, batch_size=b), spec.strategy, cls.traits, shape,
+                 ranks=ranks, owners=declared_traits())  # fmt: skip
     spec = dataclasses.replace(spec, microbatches=checked.microbatches)  # the checked value
     devices = _devices(spec, checked, ranks)
     batches = functools.partial(global_batch, dataset, spec)

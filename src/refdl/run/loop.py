@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
 from refdl.core.moe import moe_stats
 from refdl.core.state import TrainState, to_host
@@ -37,6 +38,22 @@ from refdl.run.build import Run, build
 from refdl.run.folder import RunFolder
 from refdl.run.report import Writer, eval_program, evaluate, summary, write_json
 from refdl.run.trajectory import trajectory
+
+
+class _Compiles:
+    """XLA's backend compilations in this process, counted (``summary.json``'s
+    ``compilations``: a growing batch compiles once per size, not per step)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._heard)
+
+    def _heard(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = _Compiles()
 
 
 def default_out_dir() -> Path:
@@ -183,8 +200,13 @@ class _Loop:
             self.writer = Writer(self.out, self.primary, self.start if spec.resume else None)
             self.writer.json("config.json", {**spec.to_dict(), "out": str(self.out)})
             self.bar = _progress(spec.steps, self.start, spec.progress and self.primary)
+            compiled = COMPILES.count
             for step in trajectory(self.run, self.state, self.start, spec.steps, self._sync_at):
                 self.state = step.state
+                if step.run is not None and step.run is not self.run:  # a growing batch
+                    self.run, self.strategy = step.run, step.run.strategy
+                    self.history.setdefault("batch_sizes", []).append(step.run.spec.batch_size)
+                self.history["compilations"] = COMPILES.count - compiled
                 self._record(step)
                 stop = self.stop.requested
                 if self.strategy.lockstep:  # every rank in the loop stops at the same step
@@ -257,7 +279,7 @@ class _Loop:
             self.history["step_time_s"].append(step.seconds)
         s, done = self.spec, step.done
         if self.bar is not None:
-            sps = f"{s.batch_size / step.seconds:.0f}"
+            sps = f"{self.run.spec.batch_size / step.seconds:.0f}"
             self.bar.set_postfix(loss=f"{self.history['loss'][-1]:.4f}", sps=sps, refresh=False)
         evaluated = s.eval_every and (done % s.eval_every == 0 or done == s.steps)
         if evaluated:
@@ -299,9 +321,9 @@ class _Loop:
             "loss": self.history["loss"][-1],
             "loss_avg": float(np.mean(window)),
             "lr": self.run.lr(done - 1),
-            "epoch": epoch_of(done - 1, s.batch_size, self.run.dataset.info.train_size),
+            "epoch": self._epoch(done - 1),
             "step_time_s": step.seconds,
-            "samples_per_second": s.batch_size / step.seconds,
+            "samples_per_second": self.run.spec.batch_size / step.seconds,
             "elapsed_s": time.perf_counter() - self.t_start,
         }
         for key, value in extra.items():
@@ -318,6 +340,13 @@ class _Loop:
                 f"test accuracy {self.last_eval['test_accuracy']:.4f}",
                 file=sys.stderr,
             )
+
+    def _epoch(self, step: int) -> int:
+        """The epoch in which ``step``'s global batch starts (a growing batch's too)."""
+        s, n = self.spec, self.run.dataset.info.train_size
+        if s.batch_schedule is None:
+            return epoch_of(step, s.batch_size, n)
+        return BatchSchedule.parse(s.batch_schedule).start_at(step) // n
 
     # -- checkpoints and the summary --------------------------------------------------------
 

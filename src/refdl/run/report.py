@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.config.batches import BatchSchedule
 from refdl.config.files import MiB, loads_json, read_text
 from refdl.config.paths import open_append, write_atomic
 from refdl.core.layers import param_count
@@ -106,6 +107,13 @@ def params_l2_norm(params: Any) -> float:
             sum(float(np.sum(np.asarray(x, np.float64) ** 2)) for x in jax.tree.leaves(params))
         )
     )
+
+
+def first_batch(spec: Any) -> int:
+    """The run's global batch at step 0 (a growing batch's first size)."""
+    if spec.batch_schedule is None:
+        return spec.batch_size
+    return BatchSchedule.parse(spec.batch_schedule).size_at(0)
 
 
 def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
@@ -288,7 +296,10 @@ def summary(
         "model": spec.model,
         "dataset": info.name,
         "steps": int(np.asarray(host.step).reshape(-1)[0]),
-        "global_batch": spec.batch_size,
+        "global_batch": first_batch(spec),
+        "batch_schedule": spec.batch_schedule,
+        "global_batch_last": spec.batch_size,
+        "compilations": history.get("compilations"),
         "devices": len(run.strategy.devices),
         "final_train_loss": float(np.mean(losses[-FINAL_LOSS_WINDOW:])) if losses else None,
         "test_accuracy": last_eval.get("test_accuracy"),

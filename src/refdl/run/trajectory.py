@@ -18,9 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
 from refdl.core.state import to_host
-from refdl.run.build import Run, build
+from refdl.run.build import Run, build, resized
 
 
 @dataclasses.dataclass
@@ -34,6 +35,7 @@ class StepOut:
     batch: dict[str, np.ndarray]
     seconds: float | None = None
     window: int = 0  # steps that ``seconds`` averages over
+    run: Run | None = None  # the run that took the step (a growing batch rebuilds it)
 
 
 def every_step(done: int) -> bool:
@@ -54,7 +56,11 @@ def trajectory(
     included: they overlap the devices' work). ``per_step``: time each step alone from the
     call to the wait (its host batch built untimed, as ``refdl.hw calibrate`` times steps)."""
     t_last, since = time.perf_counter(), 0
+    schedule = BatchSchedule.parse(run.spec.batch_schedule) if run.spec.batch_schedule else None
+    built = {run.spec.batch_size: run}
     for t in range(start, stop):
+        if schedule is not None and schedule.size_at(t) != run.spec.batch_size:
+            run, state = resized(run, state, schedule.size_at(t), built)
         batch = run.batch(t)
         if per_step:
             t_last = time.perf_counter()
@@ -68,7 +74,7 @@ def trajectory(
             now = time.perf_counter()
             seconds = (now - t_last) / since
             t_last, window, since = now, since, 0
-        yield StepOut(done, state, metrics, batch, seconds, window)
+        yield StepOut(done, state, metrics, batch, seconds, window, run)
 
 
 def loss_value(metrics: dict[str, Any]) -> float:

@@ -142,8 +142,9 @@ class Strategy:
         return jax.jit(fn, compiler_options=options, **kwargs)
 
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
-        """The global batch's shapes and dtypes (from step 0 of the data order)."""
-        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self.batches(0).items()}
+        """The global batch's shapes and dtypes (rows as step 0's, ``--batch-size`` of them)."""
+        b, rows = self.spec.batch_size, self.batches(0)  # (a growing batch's later sizes too)
+        return {k: jax.ShapeDtypeStruct((b, *v.shape[1:]), v.dtype) for k, v in rows.items()}
 
     @property
     def serialize_steps(self) -> bool:
