@@ -35,7 +35,7 @@ STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
     "stage_boundaries", "plot_schedule", "ps_mode", "servers", "staleness", "simulate",
     "workers", "ps_trace", "topology", "order", "gossip", "straggler", "cp",
-    "sequence_parallel",
+    "sequence_parallel", "sfb",
 )  # fmt: skip
 
 
@@ -210,6 +210,8 @@ def plan(
         raise UsageError(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
+    if spec.sfb != "off" and spec.compress:
+        raise UsageError(f"--sfb {spec.sfb} sends factors uncompressed; use it without --compress")
     check_experts(spec, mesh, model)
     check_layers(mesh, model, rules, spec.mesh)
     check_sequence(spec, mesh, model)

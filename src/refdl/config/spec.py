@@ -160,6 +160,12 @@ class RunSpec:
         "devices on the strategy's first axis)",
     )
     allreduce: str = DEVICES("xla", Choice(ALLREDUCE), "data: allreduce algorithm")
+    sfb: str = DEVICES(
+        "off",
+        Choice(("off", "auto", "all")),
+        "data: fully connected layers' gradients as sufficient factors (inputs and output "
+        "gradients), per layer where fewer bytes (auto) or always (all)",
+    )
     # Microbatches m per step (gradient accumulation; pipeline microbatches). A pipeline
     # of p stages idles (p-1)/(m+p-1) of its step (GPipe, 1F1B).
     microbatches: int | None = DEVICES(
@@ -378,8 +384,8 @@ def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str
 # strategy, its devices and mesh, the synchronous strategies' options) and recomputation.
 # Everything else says what is trained and how (a compression codec, a parameter server's
 # or a graph's settings included), and must agree with the checkpoint's.
-LAYOUT_KEYS = ("strategy", "remat", "devices", "mesh", "allreduce", "microbatches", "zero",
-               "preset", "cp", "sequence_parallel", "stages", "schedule", "chunks",
+LAYOUT_KEYS = ("strategy", "remat", "devices", "mesh", "allreduce", "sfb", "microbatches",
+               "zero", "preset", "cp", "sequence_parallel", "stages", "schedule", "chunks",
                "stage_boundaries")  # fmt: skip
 
 

@@ -447,6 +447,66 @@ def _layer_key(index: int, layer: nn.Module) -> str:
     return f"{index:02d}_{type(layer).__name__.lower()}"
 
 
+_FACTORS: contextvars.ContextVar[tuple[str, frozenset[str], int] | None] = contextvars.ContextVar(
+    "sufficient_factors", default=None
+)
+
+
+def sufficient_factors(
+    axis: str, keys: frozenset[str], p: int
+) -> contextlib.AbstractContextManager[None]:
+    """While tracing inside ``shard_map``: the ``Dense`` layers ``keys`` exchange their
+    weight gradient as sufficient factors over the mesh axis ``axis`` of ``p`` devices
+    (Xie et al. 2015): the layer's input rows and the gradient at its output, all-gathered,
+    from which every device forms the batch's mean gradient ``X^T dZ / p`` itself; those
+    parameters' gradients come out averaged, and the caller does not all-reduce them."""
+    return scoped(_FACTORS, (axis, keys, p))
+
+
+def factored_dense(layer: Dense, axis: str, p: int, low: Any = None) -> Callable:
+    """``(params, state, x) -> (y, state)`` of a ``Dense`` layer whose weight gradient is
+    formed from factors gathered over ``axis`` (``sufficient_factors``); ``low``, a dtype
+    the layer computes in (its factors travel in fp32). Saves its input and
+    pre-activation for the backward pass whatever ``remat`` says."""
+    act = activation(layer.act)
+
+    def pre(w: PyTree, x: Array) -> Array:
+        z = jnp.dot(x, w["kernel"])
+        return z + w["bias"] if layer.use_bias else z
+
+    @jax.custom_vjp
+    def f(w: PyTree, x: Array) -> Array:
+        return act(pre(w, x))
+
+    def fwd(w: PyTree, x: Array) -> tuple[Array, tuple]:
+        z = pre(w, x)
+        return act(z), (w, x, z)
+
+    def bwd(res: tuple, dy: Array) -> tuple[PyTree, Array]:
+        w, x, z = res
+        dz = jax.vjp(act, z)[1](dy)[0]
+
+        def gather(a: Array) -> Array:  # fp32 on every backend (XLA's CPU widens bf16)
+            return jax.lax.all_gather(a.reshape(-1, a.shape[-1]).astype(jnp.float32), axis,
+                                      tiled=True)  # fmt: skip
+
+        xs, dzs = gather(x), gather(dz)
+        grads = {"kernel": jnp.dot(xs.T, dzs) / p}
+        if layer.use_bias:
+            grads["bias"] = jnp.sum(dzs, axis=0) / p
+        grads = {k: g.astype(w[k].dtype) for k, g in grads.items()}
+        return grads, jnp.dot(dz, w["kernel"].T)
+
+    f.defvjp(fwd, bwd)
+
+    def run(w: PyTree, s: PyTree, x: Array) -> tuple[Array, PyTree]:
+        if low is not None:  # outside f: the casts' own gradients return fp32
+            w, x = jax.tree.map(lambda a: a.astype(low), w), x.astype(low)
+        return f(w, x), s
+
+    return run
+
+
 @dataclasses.dataclass(frozen=True)
 class Sequential:
     """A model as a sequence of layers, ``f(x) = f_n(...f_1(x))``.
@@ -550,12 +610,26 @@ class Sequential:
     ) -> tuple[Array, PyTree]:
         """Run the layers in order; returns the output and the updated model state."""
         new_state = {}
+        factors = _FACTORS.get() if train else None
         for key, layer in zip(self.keys, self.layers, strict=True):
             s = state.get(key, {})
-            x, updates = self._layer_fn(layer, train, bool(s))(params.get(key, {}), s, x)
+            fn = self._layer_fn(layer, train, bool(s))
+            if factors is not None and key in factors[1] and isinstance(layer, Dense):
+                low = jnp.bfloat16 if self.precision == "bf16" else None
+                fn = factored_dense(layer, factors[0], factors[2], low)
+            x, updates = fn(params.get(key, {}), s, x)
             if s:
                 new_state[key] = updates
         return x, new_state
+
+    def input_shapes(self, params: PyTree, state: PyTree, x: Any) -> dict[str, tuple[int, ...]]:
+        """Each layer's input shape for an input like ``x`` (shapes alone: nothing runs)."""
+        out = {}
+        for key, layer in zip(self.keys, self.layers, strict=True):
+            out[key] = tuple(x.shape)
+            variables = {"params": params.get(key, {}), **state.get(key, {})}
+            x = jax.eval_shape(lambda v, a, lay=layer: lay.apply(v, a, train=False), variables, x)
+        return out
 
     def _layer_fn(self, layer: nn.Module, train: bool, stateful: bool) -> Callable:
         """``(params, state, x) -> (y, new_state)`` of one layer, in this model's precision,

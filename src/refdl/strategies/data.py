@@ -8,7 +8,13 @@ Written with ``shard_map`` so the allreduce is explicit: ``--allreduce xla``
 the gradients as one flat buffer. ``--microbatches m`` accumulates each
 shard's gradient over m slices first. ``--compress`` sends compressed
 gradients with error feedback (``refdl.comm.compress``) - an inconsistent
-variant that reports the bytes saved and the compression error.
+variant that reports the bytes saved and the compression error. ``--sfb auto|all``
+(sufficient-factor broadcasting, Xie et al. 2015; Poseidon's hybrid): a fully connected
+layer's weight gradient ``X^T dZ`` is not all-reduced; its factors, the layer's ``r``
+input rows and the gradient at its output (``r (m + n)`` numbers against ``m n``), are
+all-gathered and every device forms the mean gradient itself - where that moves fewer
+bytes than the all-reduce (``auto``) or for every such layer (``all``); equal to the
+dense exchange to fp32 rounding.
 
 BatchNorm statistics are averaged over the ``data`` axis (synchronised
 BatchNorm), so a step equals ``single``'s for every model (without
@@ -17,6 +23,7 @@ microbatches).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -27,7 +34,7 @@ from refdl.comm.allreduce import allreduce_mean, analytic_bytes
 from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
-from refdl.core.layers import batch_axis, param_count
+from refdl.core.layers import Dense, batch_axis, param_count, sufficient_factors
 from refdl.core.state import TrainState, place
 from refdl.strategies.base import Batch, History, Strategy, last, register
 
@@ -37,7 +44,9 @@ class DataParallel(Strategy):
     """Replicated state, batch split on ``data``, explicit gradient allreduce."""
 
     traits = Traits(
-        axes=("data",), options=frozenset({"mesh", "allreduce", "compress"}), multiprocess="spmd"
+        axes=("data",),
+        options=frozenset({"mesh", "allreduce", "compress", "sfb"}),
+        multiprocess="spmd",
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
@@ -47,6 +56,7 @@ class DataParallel(Strategy):
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         self.codec = make_codec(spec.compress) if spec.compress else None
         self.n_params = param_count(task.model.abstract_params(task.sample_x))
+        self.factors = self._factor_layers()  # layer key -> its exchange, with --sfb
         # Replicated state; a compressor's residuals are per worker, split on `data`.
         extras = P("data") if self.codec is not None else P()
         specs = TrainState(P(), P(), P(), P(), P(), extras)
@@ -88,7 +98,8 @@ class DataParallel(Strategy):
 
     def _local_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
         """One step as seen by one device: its shard in, the replicated new state out."""
-        with batch_axis("data"):
+        keys = frozenset(k for k, v in self.factors.items() if v["mode"] == "factors")
+        with batch_axis("data"), sufficient_factors("data", keys, self.p):
             loss, grads, model_state = self.task.accumulated_grads(
                 state.params, state.model_state, batch, self.plan.microbatches
             )
@@ -96,8 +107,10 @@ class DataParallel(Strategy):
         if self.codec is not None:
             grads, state, extra = self.codec.exchange(grads, state, "data", self.p)
             metrics.update({k: v[None] for k, v in extra.items()})
-        else:
-            grads = allreduce_mean(grads, "data", self.p, self.spec.allreduce)
+        else:  # the factored layers' gradients are averaged already
+            rest = {k: v for k, v in grads.items() if k not in keys}
+            rest = allreduce_mean(rest, "data", self.p, self.spec.allreduce)
+            grads = {k: rest.get(k, v) for k, v in grads.items()}
         return self.task.apply_gradients(state, grads, model_state), metrics
 
     def place_state(self, host_state: TrainState) -> TrainState:
@@ -113,11 +126,42 @@ class DataParallel(Strategy):
             jax.block_until_ready(state)
         return state, {**metrics, "comm_bytes": self.comm_bytes}
 
+    def _factor_layers(self) -> dict[str, dict[str, Any]]:
+        """With ``--sfb``: each fully connected layer's exchange, the bytes of both (all
+        devices, a step): ``p (p - 1) 4 r (m + n)`` per microbatch for the fp32
+        all-gathered factors of its ``r`` input rows on a device, the all-reduce's count
+        of its ``m n + n`` gradient; ``auto`` takes the smaller, ``all`` the factors."""
+        if self.spec.sfb == "off" or self.p == 1:
+            return {}
+        model, task = self.task.model, self.task
+        params, state = model.abstract_variables(task.sample_x)
+        b = self.spec.batch_size // (self.p * self.plan.microbatches)
+        x = jax.ShapeDtypeStruct((b, *task.sample_x.shape[1:]), task.sample_x.dtype)
+        shapes = model.input_shapes(params, state, x)
+        out = {}
+        for key, layer in zip(model.keys, model.layers, strict=True):
+            if not isinstance(layer, Dense):
+                continue
+            m, n = params[key]["kernel"].shape
+            rows = math.prod(shapes[key][:-1])
+            factors = self.plan.microbatches * self.p * (self.p - 1) * 4 * rows * (m + n)
+            size = m * n + (n if layer.use_bias else 0)
+            gradient = analytic_bytes(self.spec.allreduce, 4 * size, self.p)
+            mode = "factors" if self.spec.sfb == "all" or factors < gradient else "gradient"
+            out[key] = {"mode": mode, "rows": rows, "in": m, "out": n, "params": size,
+                        "factor_bytes": factors, "gradient_bytes": gradient}  # fmt: skip
+        return out
+
     def analytic_comm_bytes(self) -> int:
-        """Bytes the allreduce of all fp32 gradients should send per step (all devices)."""
+        """Bytes the allreduce of all fp32 gradients should send per step (all devices);
+        with ``--sfb``, the factored layers' factors and the rest's all-reduce."""
         if self.codec is not None:
             return self.codec.analytic_bytes(self.n_params, self.p)
-        return analytic_bytes(self.spec.allreduce, 4 * self.n_params, self.p)
+        factored = [v for v in self.factors.values() if v["mode"] == "factors"]
+        rest = self.n_params - sum(v["params"] for v in factored)
+        return analytic_bytes(self.spec.allreduce, 4 * rest, self.p) + sum(
+            v["factor_bytes"] for v in factored
+        )
 
     def compiled_steps(self) -> list[Any]:
         return [self._step]
@@ -131,6 +175,9 @@ class DataParallel(Strategy):
             "comm_bytes_per_step_analytic": self.analytic_comm_bytes(),
             "comm_bytes_by_collective": self.comm_by_collective,
         }
+        if self.factors:
+            out["sfb"] = self.spec.sfb
+            out["sfb_layers"] = self.factors
         if self.codec is not None:
             dense = analytic_bytes("ring", 4 * self.n_params, self.p)
             out["compress"] = self.spec.compress
