@@ -27,6 +27,12 @@ MAX=16
 die() { echo "hosts.sh: $*" >&2; exit 2; }
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"; }
 hosts() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" | sort -V || true; }
+# SIGKILL a process on a test host; Open MPI's session folder of a killed launcher or
+# daemon (/tmp/ompi.PID, /tmp/prted.PID) is removed too, as its own exit would have.
+kill_pid() {
+  kill -9 "$1" 2>/dev/null || true
+  rm -rf "${TMPDIR:-/tmp}/ompi.$1" "${TMPDIR:-/tmp}/prted.$1"
+}
 addr_of() { echo "$SUBNET.$((10 + ${1#"$PREFIX"}))"; }
 
 up() {
@@ -68,7 +74,7 @@ up() {
 down() {
   need_root
   for h in $(hosts); do
-    for pid in $(ip netns pids "$h" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    for pid in $(ip netns pids "$h" 2>/dev/null); do kill_pid "$pid"; done
   done
   sleep 0.2
   for h in $(hosts); do
@@ -125,7 +131,7 @@ case "${1:-}" in
     case "$1" in
       cut) ip -n "$NET" link set "h${h#"$PREFIX"}" down ;;
       mend) ip -n "$NET" link set "h${h#"$PREFIX"}" up ;;
-      kill) for pid in $(ip netns pids "$h"); do kill -9 "$pid" 2>/dev/null || true; done ;;
+      kill) for pid in $(ip netns pids "$h"); do kill_pid "$pid"; done ;;
     esac ;;
   list) for h in $(hosts); do echo "$h $(addr_of "$h")"; done ;;
   *) die "usage: hosts.sh up N | down | agent HOST CMD... | shell HOST | cut|mend|kill HOST | list" ;;

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,22 @@ SHORT = ("--model", "mlp", "--steps", "8", "--eval-every", "0")
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
+# Open MPI's launcher (prterun 5.0) on the test hosts once, in CI on 2026-11-25, failed
+# before starting any rank: "The PMIx server's listener thread failed to start", exit 213
+# (13 local runs, some under load, and stale session folders made on purpose did not
+# repeat it). Nothing of refdl ran, so such a start is tried once more, with a warning;
+# any other failure, or a second one, fails the test.
+PMIX_START_FAILED = "PMIx server's listener thread failed to start"
+
+
 def launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``refdl launch ARGS`` from the repository root (bounded)."""
-    return subprocess.run([sys.executable, "-m", "refdl", "launch", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    cmd = [sys.executable, "-m", "refdl", "launch", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode == 213 and PMIX_START_FAILED in proc.stderr:
+        warnings.warn(f"mpirun did not start (PMIx), tried again: {args}", stacklevel=2)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return proc
 
 
 def train(out: Path, *args: str) -> subprocess.CompletedProcess:
