@@ -37,6 +37,7 @@ from refdl.perf import OPTIMIZER_WORDS, PredictOptions, architectures, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
+    allreduce_sparse,
     bandwidths,
     collective_time,
 )
@@ -240,6 +241,18 @@ def collective_pair(
     return t, bound
 
 
+def sparse_pair(
+    profile: Any, n: float, workers: int, density: float, value_bits: int, library: str | None
+) -> tuple[float, float]:
+    """(expected, bound) seconds of SparCML's sparse allreduce over one link level."""
+    level = collective_level(profile, workers)[0]
+    view, peak = profile.view("expected", library=library), profile.view("bound")
+    return tuple(  # type: ignore[return-value]
+        allreduce_sparse(n, workers, v.links[level].alpha_beta(), density, value_bits)
+        for v in (view, peak)
+    )
+
+
 def predict_collective(
     hw_name: str,
     op: str,
@@ -247,16 +260,30 @@ def predict_collective(
     n: float,
     workers: list[int],
     library: str | None = None,
+    density: float | None = None,
+    value_bits: int = 32,
 ) -> list[dict[str, Any]]:
     """One row per worker count: ``time_s`` expected (the library's achieved latency and
     fraction of line rate, where the profile gives them) and ``bound_time_s`` (the
-    profile's link figures), with nccl-tests' algbw and busbw of the expectation."""
+    profile's link figures), with nccl-tests' algbw and busbw of the expectation. The
+    sparse allreduce (``--algo sparse --density D``) adds the dense ring's expected time
+    and the speed-up over it."""
     profile = hw.load(hw_name)
     if problem := Float(min=0.0).problem(n):
         raise UsageError(f"--bytes must be {problem}")
+    sparse = op == "allreduce" and algo == "sparse"
+    if sparse != (density is not None):
+        raise UsageError("--density goes with --op allreduce --algo sparse, and it needs one")
     rows = []
     for w in workers:
-        t, bound = collective_pair(profile, op, algo, n, w, library)
+        extra: dict[str, Any] = {}
+        if sparse:
+            t, bound = sparse_pair(profile, n, w, density, value_bits, library)
+            dense = collective_pair(profile, op, "ring", n, w, library)[0]
+            extra = {"density": density, "value_bits": value_bits, "dense_ring_time_s": dense,
+                     "speedup_over_dense": dense / t if t > 0 else None}  # fmt: skip
+        else:
+            t, bound = collective_pair(profile, op, algo, n, w, library)
         algbw, busbw = bandwidths(op, n, w, t)
         rows.append(
             {
@@ -271,6 +298,7 @@ def predict_collective(
                 "bound_time_s": bound,
                 "algbw": algbw,
                 "busbw": busbw,
+                **extra,
             }
         )
     if note := scope_note(profile, workers):
@@ -307,6 +335,7 @@ def _step_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--ps-mode", default="sync")
+    p.add_argument("--ps-groups", type=int, default=1, help="ps hierarchical: learner groups")
     p.add_argument("--topology", default="ring")
     p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
     p.add_argument(
@@ -350,6 +379,7 @@ def _step_main(argv: list[str]) -> int:
             mesh=args.mesh,
             servers=args.servers,
             ps_mode=args.ps_mode,
+            ps_groups=args.ps_groups,
             topology=args.topology,
             optimizer_words=words[args.optimizer],
             overlap=0.0 if args.overlap is None else args.overlap,
@@ -473,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
     c.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    c.add_argument("--density", type=float, help="--algo sparse: the fraction each rank keeps")
+    c.add_argument("--value-bits", type=int, default=32, help="--algo sparse: 32, 8 or 4")
     c.add_argument("--json", action="store_true")
     sub.add_parser("profiles", help="list the shipped hardware profiles")
     sub.add_parser("models", help="list the models: shape-only paper models and refdl's")
@@ -482,9 +514,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in hw.names():
                 print(f"{name:22s} {hw.load(name).description}")
             return 0
-        rows = predict_collective(
-            args.hw, args.op, args.algo, args.bytes, _ints(args.workers), args.library
-        )
+        rows = predict_collective(args.hw, args.op, args.algo, args.bytes, _ints(args.workers),
+                                  args.library, args.density, args.value_bits)  # fmt: skip
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -505,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
               "data at full line rate, as in-network reduction (SHARP) moves it - no run is "
               "faster; algbw = bytes / time, busbw = algbw "
               "x the collective's bus factor (as nccl-tests report them)")  # fmt: skip
+        for r in rows if "speedup_over_dense" in rows[0] else ():
+            print(f"{r['workers']} workers: the dense ring takes "
+                  f"{r['dense_ring_time_s'] * 1e3:.4f} ms; sparse at density {r['density']} "
+                  f"({r['value_bits']}-bit values): {r['speedup_over_dense']:.2f}x")  # fmt: skip
         if "note" in rows[0]:
             print(f"note: {rows[0]['note']}")
     return 0

@@ -474,3 +474,45 @@ def test_op_profile_bad_input_is_one_line_and_exit_2(capsys):
     assert op_profile.main(["--steps", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "unknown model 'nope'" in err[0] and "--steps 0" in err[1]
+
+
+def test_sparse_allreduce_is_priced_round_by_round(capsys):
+    """SparCML's recursive doubling: per round alpha + its message's bytes beta; the sets
+    double until the dense vector is cheaper (here from the third round)."""
+    from refdl.predict import main
+
+    link = Link(2e-6, 1e-10, 1e-11)
+    n = 4e6  # 1 M fp32 values; 1 % kept: 10,000 pairs, 80 kB, then 160 kB, 320 kB ...
+    t = C.allreduce_sparse(n, 8, link, 0.01)
+    assert t == pytest.approx(3 * 2e-6 + (80_000 + 160_000 + 320_000) * 1e-10)
+    t = C.allreduce_sparse(n, 64, link, 0.1)  # 0.8, 1.6, 3.2 MB; then dense 4 MB x 3
+    assert t == pytest.approx(6 * 2e-6 + (5.6e6 + 3 * 4e6) * 1e-10 + 3 * 4e6 * 1e-11)
+    assert C.allreduce_sparse(n, 8, link, 0.01, 4) < t  # q4: 4.5 bytes a pair
+    for bad, says in (((n, 6, link, 0.01), "power-of-two"), ((n, 8, link, 0.0), "density"),
+                      ((n, 8, link, 0.01, 16), "value-bits")):  # fmt: skip
+        with pytest.raises(UsageError, match=says):
+            C.allreduce_sparse(*bad)
+    args = ["collective", "--algo", "sparse", "--hw", "v100-nvlink-ib-edr", "--workers", "8",
+            "--bytes", "1e8", "--density", "0.001", "--json"]  # fmt: skip
+    assert main(args) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["speedup_over_dense"] == pytest.approx(row["dense_ring_time_s"] / row["time_s"])
+    assert row["speedup_over_dense"] > 10  # 25,000 pairs of 25 M values inside a node
+    assert main([*args[:-3], "--json"]) == 2  # sparse needs a density
+    assert "needs one" in capsys.readouterr().err
+
+
+def test_hierarchical_ps_is_priced_in_two_levels():
+    """W/G learners share each aggregator's link, then G aggregators the server's: on 64
+    workers in 8 groups that is 2 x 8 serialized transfers where one server had 64."""
+    from refdl.perf import PredictOptions
+    from refdl.predict import predict_steps
+
+    def row(**kw):
+        return predict_steps("p100-nvlink-ib-edr", "ps", "resnet50", 2048, [64],
+                             opts=PredictOptions(**kw))[0]  # fmt: skip
+
+    flat, tree = row(ps_mode="sync"), row(ps_mode="hierarchical", ps_groups=8)
+    assert tree["comm_s"] == pytest.approx(flat["comm_s"] * (8 + 8) / 64, rel=0.01)
+    with pytest.raises(UsageError, match="equal groups"):
+        row(ps_mode="hierarchical", ps_groups=5)

@@ -33,7 +33,7 @@ DEFAULT_SIMULATED_WORKERS = 4
 # RunSpec fields that only some strategies accept (each declares which in its Traits).
 STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
-    "stage_boundaries", "plot_schedule", "ps_mode", "servers", "staleness", "simulate",
+    "stage_boundaries", "plot_schedule", "ps_mode", "servers", "ps_groups", "staleness", "simulate",
     "workers", "ps_trace", "topology", "order", "gossip", "straggler", "cp",
     "sequence_parallel", "sfb",
 )  # fmt: skip
@@ -78,7 +78,7 @@ class Traits:
     def synchronous_with(self, ps_mode: str | None) -> bool:
         """Whether a run with this consistency mode equals ``single`` step by step."""
         if "ps_mode" in self.options:
-            return ps_mode in (None, "sync")
+            return ps_mode in (None, "sync", "hierarchical")
         return self.synchronous
 
     def pipe_degree(self, spec: RunSpec) -> int:
@@ -148,6 +148,7 @@ class Plan:
     mode: str = "spmd"
     workers: int = 1  # ps / decentralized workers
     servers: int = 0  # ps servers
+    groups: int = 0  # ps hierarchical: aggregator ranks, one per learner group
     chunks: int = 1  # pipeline chunks per device
     cuts: tuple[
         int, ...
@@ -210,6 +211,11 @@ def plan(
         raise UsageError(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
+    if spec.allreduce == "sparse":
+        check_sparse(spec, mesh.data)
+    elif (spec.compress or "").startswith("topk:") and ",q" in spec.compress:
+        raise UsageError(f"--compress {spec.compress}: q8/q4 values are the sparse allreduce's; "
+                         "add --allreduce sparse")  # fmt: skip
     if spec.sfb != "off" and spec.compress:
         raise UsageError(f"--sfb {spec.sfb} sends factors uncompressed; use it without --compress")
     check_experts(spec, mesh, model)
@@ -226,6 +232,16 @@ def plan(
     elif spec.chunks != 1:
         raise UsageError(f"--chunks {spec.chunks} needs pipeline stages (pipe > 1)")
     return Plan(mesh, m, rules, batch_axes, "spmd", chunks=chunks, cuts=cuts)
+
+
+def check_sparse(spec: RunSpec, p: int) -> None:
+    """``--allreduce sparse`` sums top-k pairs by recursive doubling: a top-k codec and
+    a power-of-two data degree."""
+    if not (spec.compress or "").startswith("topk:"):
+        raise UsageError("--allreduce sparse sums the top-k of each gradient; add "
+                         "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
+    if p & (p - 1):
+        raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}")
 
 
 def check_options(
@@ -450,6 +466,7 @@ def _worker_plan(
     """ps and decentralized: workers are ranks, devices or simulated workers."""
     m = spec.microbatches
     servers = spec.servers if traits.servers else 0
+    groups = 0
     if ranks > 1:
         mode = "mpi"
         if servers >= ranks:
@@ -458,8 +475,14 @@ def _worker_plan(
                 f"{servers + 1} ranks (mpirun -n {servers + 1}) or lower --servers"
             )
         workers = ranks - servers
+        if spec.ps_mode == "hierarchical" and traits.servers:
+            groups = check_groups(spec, ranks)
+            workers -= groups
     elif spec.simulate:
         mode = "simulate"
+        if spec.ps_mode == "hierarchical":
+            raise UsageError("--ps-mode hierarchical runs its aggregators as ranks: launch it "
+                             "under mpirun (refdl launch -n 7 ... --ps-groups 2)")  # fmt: skip
         if spec.devices != 1:
             raise UsageError("--simulate runs every worker on one device; drop --devices")
         workers = spec.workers or DEFAULT_SIMULATED_WORKERS
@@ -490,7 +513,7 @@ def _worker_plan(
     if straggler is not None:
         if mode not in traits.straggler_modes:
             raise UsageError("--straggler delays one rank of an mpirun job; launch under mpirun")
-        lo = servers  # ps: servers are ranks 0..K-1 (also when simulated)
+        lo = servers + groups  # ps: servers are ranks 0..K-1 (also when simulated)
         if not lo <= straggler[0] < lo + workers:
             raise UsageError(
                 f"--straggler {spec.straggler}: rank {straggler[0]} is not a worker "
@@ -499,4 +522,19 @@ def _worker_plan(
     if spec.ps_trace and spec.ps_mode == "sync":
         raise UsageError("--ps-trace replays an async or ssp run; add --ps-mode async|ssp")
     mesh = MeshSpec(data=workers if mode == "spmd" else 1)
-    return Plan(mesh, m, {}, "data", mode, workers=workers, servers=servers)
+    return Plan(mesh, m, {}, "data", mode, workers=workers, servers=servers, groups=groups)
+
+
+def check_groups(spec: RunSpec, ranks: int) -> int:
+    """``--ps-mode hierarchical``: one server, ``G`` aggregators, ``G`` equal groups of
+    learners in the rest of the ranks; returns ``G``."""
+    g = spec.ps_groups or 0
+    workers = ranks - spec.servers - g
+    if spec.servers != 1:
+        raise UsageError("--ps-mode hierarchical has one root server; drop --servers")
+    if workers < g or workers % g:
+        raise UsageError(
+            f"--ps-groups {g} with {ranks} ranks leaves {workers} learners, not {g} equal "
+            f"groups: launch 1 + {g} + a multiple of {g} ranks (e.g. -n {1 + 3 * g})"
+        )
+    return g

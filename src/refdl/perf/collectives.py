@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from refdl.comm.sparse import SparseAllreduce
 from refdl.errors import UsageError
 
 
@@ -139,6 +140,26 @@ def neighbour_exchange(n: float, degree: int, link: Link, concurrent: bool = Tru
         return 0.0
     one = link.alpha + n * link.beta
     return one if concurrent else degree * one
+
+
+def allreduce_sparse(n: float, p: int, link: Link, density: float, value_bits: int = 32) -> float:
+    """SparCML's sparse allreduce (``refdl.comm.sparse``) of ``n`` bytes of fp32 values of
+    which each rank keeps ``density``: per round ``α`` + its message's bytes ``β`` (the
+    sets double; from the switch round the dense vector), plus ``γ`` on the dense rounds."""
+    if p <= 1:
+        return 0.0
+    if p & (p - 1):
+        raise UsageError(f"the sparse allreduce needs a power-of-two --workers, not {p}")
+    if not 0 < density <= 1:
+        raise UsageError(f"--density must be in (0, 1], not {density}")
+    if value_bits not in (32, 8, 4):
+        raise UsageError(f"--value-bits must be 32, 8 or 4, not {value_bits}")
+    values = max(1, int(n // 4))
+    sp = SparseAllreduce(values, max(1, math.ceil(density * values)), p, value_bits)
+    return sum(
+        link.alpha + b * link.beta + (b * link.gamma if kind == "dense" else 0.0)
+        for (kind, _), b in zip(sp.rounds(), sp.bytes_per_device(), strict=True)
+    )
 
 
 ALLREDUCE = {

@@ -8,7 +8,9 @@ Written with ``shard_map`` so the allreduce is explicit: ``--allreduce xla``
 the gradients as one flat buffer. ``--microbatches m`` accumulates each
 shard's gradient over m slices first. ``--compress`` sends compressed
 gradients with error feedback (``refdl.comm.compress``) - an inconsistent
-variant that reports the bytes saved and the compression error. ``--sfb auto|all``
+variant that reports the bytes saved and the compression error; with ``--allreduce
+sparse`` the top-k pairs are summed by SparCML's sparse allreduce (``refdl.comm.sparse``).
+``--sfb auto|all``
 (sufficient-factor broadcasting, Xie et al. 2015; Poseidon's hybrid): a fully connected
 layer's weight gradient ``X^T dZ`` is not all-reduced; its factors, the layer's ``r``
 input rows and the gradient at its output (``r (m + n)`` numbers against ``m n``), are
@@ -105,7 +107,9 @@ class DataParallel(Strategy):
             )
         metrics = {"loss": loss[None]}
         if self.codec is not None:
-            grads, state, extra = self.codec.exchange(grads, state, "data", self.p)
+            grads, state, extra = self.codec.exchange(
+                grads, state, "data", self.p, self.spec.allreduce
+            )
             metrics.update({k: v[None] for k, v in extra.items()})
         else:  # the factored layers' gradients are averaged already
             rest = {k: v for k, v in grads.items() if k not in keys}
@@ -156,7 +160,7 @@ class DataParallel(Strategy):
         """Bytes the allreduce of all fp32 gradients should send per step (all devices);
         with ``--sfb``, the factored layers' factors and the rest's all-reduce."""
         if self.codec is not None:
-            return self.codec.analytic_bytes(self.n_params, self.p)
+            return self.codec.analytic_bytes(self.n_params, self.p, self.spec.allreduce)
         factored = [v for v in self.factors.values() if v["mode"] == "factors"]
         rest = self.n_params - sum(v["params"] for v in factored)
         return analytic_bytes(self.spec.allreduce, 4 * rest, self.p) + sum(
@@ -184,6 +188,15 @@ class DataParallel(Strategy):
             out["compression_error"] = last(history, "compression_error")
             out["comm_bytes_per_step_uncompressed"] = dense
             out["comm_bytes_saved_per_step"] = dense - self.comm_bytes
+        if self.spec.allreduce == "sparse":
+            sparse = self.codec.sparse(self.n_params, self.p)
+            out["sparse_allreduce"] = {
+                "n": sparse.n, "k": sparse.k, "value_bits": sparse.bits,
+                "rounds": [kind for kind, _ in sparse.rounds()],
+                "bytes_per_device_by_round": sparse.bytes_per_device(),
+                "switch_round": sparse.switch_round(),
+                "union_density": last(history, "union_density"),
+            }  # fmt: skip
         return out
 
 
