@@ -323,6 +323,34 @@ def test_mpi_ps_sync_equals_single_and_sharded_equals_sync(tmp_path, single_shor
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_mpi_hierarchical_ps_equals_single(tmp_path, single_short):
+    """Rudra's learner groups: 1 server, 2 aggregators, 2 groups of 2 learners (-n 7);
+    the server adds the groups' sums: single's parameters (rtol 1e-5)."""
+    out = tmp_path / "h"
+    mpi_ok(mpirun(7, "--strategy", "ps", "--ps-mode", "hierarchical", "--ps-groups", "2",
+                  *SHORT, out=out))  # fmt: skip
+    assert_params_close(params_of(load_leaves(out)), params_of(load_leaves(single_short)))
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["servers"], s["ps_groups"], s["workers"], s["staleness_max"]) == (1, 2, 4, 0)
+    n = sum(s["server_param_bytes"]) // 4
+    assert s["comm_bytes_per_step"] == (4 + 2) * (8 * n + 8)
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"ps_mode": "hierarchical"}, "go together"),
+        ({"ps_groups": 2}, "go together"),
+        ({"ps_mode": "hierarchical", "ps_groups": 2, "simulate": True}, "under mpirun"),
+    ],
+)
+def test_hierarchical_refusals(kw, says):
+    with pytest.raises(UsageError, match=says):
+        build(RunSpec(strategy="ps", model="mlp", **kw))
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_mpi_ps_async_and_ssp_reach_the_single_band_and_replay(tmp_path, tmp_path_factory, mode):
     """Within 0.03 of single's test accuracy (mlp, 100 steps of 60); the

@@ -226,6 +226,11 @@ class RunSpec:
     )
     ps_mode: str = WORKERS("sync", Choice(PS_MODES), "ps: consistency")
     servers: int = WORKERS(1, Int(min=1, max=1 << 16), "ps: server ranks holding parameter shards")
+    ps_groups: int | None = WORKERS(
+        None,
+        Optional(Int(min=1, max=1 << 10)),
+        "ps hierarchical: learner groups, each behind an aggregator rank (default: none)",
+    )
     staleness: int | None = WORKERS(
         None,
         Optional(Int(min=0, max=10**6)),
@@ -295,6 +300,9 @@ class RunSpec:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
         if self.ps_mode == "ssp" and self.staleness is None:
             raise UsageError("--ps-mode ssp needs --staleness S (the bound, S >= 0)")
+        if (self.ps_mode == "hierarchical") != (self.ps_groups is not None):
+            raise UsageError("--ps-mode hierarchical and --ps-groups G go together (G learner "
+                             "groups, each behind an aggregator rank)")  # fmt: skip
         if self.staleness is not None and self.ps_mode != "ssp":
             raise UsageError("--staleness is the bound of --ps-mode ssp; add --ps-mode ssp")
         if self.workers is not None and not self.simulate:

@@ -359,14 +359,24 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     """W workers compute B/W each; push gradients and pull parameters through K servers.
     Sync: compute, then push/pull (each server's link carries W/K of the traffic). Async
     and SSP without stragglers: a worker's own push/pull is on its path, and the servers'
-    links bound the rate (Ben-Nun & Hoefler 2019, section 7.1)."""
+    links bound the rate (Ben-Nun & Hoefler 2019, section 7.1). Hierarchical (G learner
+    groups): each aggregator's link carries its W/G learners, then the server's the G
+    aggregators, one after the other."""
     k = opts.servers
+    g = opts.ps_groups if opts.ps_mode == "hierarchical" else 0
+    if g and (k != 1 or workers % g):
+        raise UsageError(f"--ps-mode hierarchical: one server and --workers {workers} in "
+                         f"--ps-groups {g} equal groups")  # fmt: skip
     b = batch / workers
-    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k,
+    t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k + g,
                      work=m.op_work(b), **host_work(m, b))  # fmt: skip
-    link = _link(hw, workers + k, opts)
+    link = _link(hw, workers + k + g, opts)
     sync = ps_push_pull(m.param_bytes, workers, link, k)
-    if opts.ps_mode == "sync":
+    if g:
+        sync = ps_push_pull(m.param_bytes, workers // g, link) + ps_push_pull(
+            m.param_bytes, g, link
+        )
+    if opts.ps_mode in ("sync", "hierarchical"):
         comm = sync
     else:
         own = 2 * (link.alpha + m.param_bytes * link.beta)
@@ -377,7 +387,7 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
         comm_s=exposed(comm, t, opts.overlap),
         memory_bytes=int(mem),
         flops=m.flops(b),
-        comm_bytes=2 * workers * m.param_bytes if workers > 0 else 0,
+        comm_bytes=2 * (workers + g) * m.param_bytes if workers > 0 else 0,
     )
 
 

@@ -15,6 +15,10 @@ shard's gradient to its server and pulls the new shard back (one mpi4jax
 - ``--ps-mode ssp --staleness S``: stale-synchronous parallel (Ho et al. 2013):
   as async, but a worker may start clock c only when every worker has
   completed clock c - S; the server holds its reply until then.
+- ``--ps-mode hierarchical --ps-groups G``: Rudra's learner groups (Gupta et al.,
+  ICDM'16), synchronous: ranks ``1..G`` aggregate their group's gradients (summed in
+  worker order) and push the sum to the one server, which adds the G sums, updates and
+  replies to the aggregators, who pass the parameters on: ``single``'s trajectory.
 
 Staleness of an applied gradient is recorded in *clocks* - how many clocks the
 worker ran ahead of the slowest worker's completed work when it read the
@@ -58,7 +62,8 @@ class ParameterServer(Strategy):
 
     traits = Traits(
         options=frozenset(
-            {"ps_mode", "servers", "staleness", "simulate", "workers", "ps_trace", "straggler"}
+            {"ps_mode", "servers", "ps_groups", "staleness", "simulate", "workers", "ps_trace"}
+            | {"straggler"}
         ),
         multiprocess="mpi",
         workers=True,
@@ -71,11 +76,15 @@ class ParameterServer(Strategy):
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
         self.k, self.w, self.mode = plan.servers, plan.workers, plan.mode
+        self.g = plan.groups  # aggregator ranks k..k+g-1 (hierarchical), else 0
+        self.synchronous = spec.ps_mode in ("sync", "hierarchical")
         self.rank = launched_rank() if self.mode == "mpi" else 0
         self.straggler = straggler_of(spec.straggler)
-        self.bound = {"sync": 0, "async": float("inf"), "ssp": spec.staleness}[spec.ps_mode]
+        self.bound = 0 if self.synchronous else spec.staleness
+        if spec.ps_mode == "async":
+            self.bound = float("inf")
         # One lr-schedule step per loop step: async/SSP apply W gradients per step.
-        self.opt, _ = make_optimizer_for(spec, 1 if spec.ps_mode == "sync" else self.w)
+        self.opt, _ = make_optimizer_for(spec, 1 if self.synchronous else self.w)
         params = task.model.abstract_params(task.sample_x)
         self.layout = Layout(params, self.k)
         self.n_params = param_count(params)
@@ -90,7 +99,24 @@ class ParameterServer(Strategy):
             return Simulator(self)
         from refdl.strategies.ps import mpi
 
-        return mpi.Server(self) if self.rank < self.k else mpi.Worker(self)
+        if self.rank < self.k:
+            return mpi.Server(self)
+        return mpi.Aggregator(self) if self.rank < self.k + self.g else mpi.Worker(self)
+
+    def children(self) -> list[int]:
+        """The ranks a server hears from: the aggregators, or every worker."""
+        first = self.k + self.g
+        return list(range(self.k, first)) if self.g else list(range(first, first + self.w))
+
+    def members(self, group: int) -> list[int]:
+        """The worker ranks behind aggregator ``group`` (equal groups, in rank order)."""
+        size = self.w // self.g
+        first = self.k + self.g + group * size
+        return list(range(first, first + size))
+
+    def parent(self, worker: int, server: int) -> int:
+        """The rank worker ``worker`` exchanges server ``server``'s shard with."""
+        return self.k + worker // (self.w // self.g) if self.g else server
 
     @property
     def drives_loop(self) -> bool:
@@ -194,8 +220,9 @@ class ParameterServer(Strategy):
     # ----- reporting -----
 
     def _comm_bytes(self) -> int:
-        """Bytes sent per step: W gradient pushes (with trailers) and W parameter pulls."""
-        return self.w * (8 * self.n_params + 4 * TRAILER * self.k)
+        """Bytes sent per step: W gradient pushes (with trailers) and W parameter pulls;
+        hierarchical: as many again for the G aggregators' pushes and pulls."""
+        return (self.w + self.g) * (8 * self.n_params + 4 * TRAILER * self.k)
 
     def summary(self, history: History) -> dict[str, Any]:
         trace = self.executor.trace if self.drives_loop else []
@@ -207,10 +234,11 @@ class ParameterServer(Strategy):
             "executor": self.mode,
             "staleness_bound": self.spec.staleness,
             "server_param_bytes": [4 * n for n in self.layout.group_sizes],
+            "ps_groups": self.g,
             "comm_bytes_per_step": self._comm_bytes(),
             "straggler": self.spec.straggler,
         }
-        if self.spec.ps_mode != "sync" and trace:
+        if not self.synchronous and trace:
             clocks, updates = staleness_of(trace, self.w, start)
             out.update(
                 staleness_histogram=histogram(clocks),

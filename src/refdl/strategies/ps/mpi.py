@@ -7,7 +7,9 @@ to all. Async / SSP: it applies each gradient as it arrives (any source) and
 replies to that worker as soon as SSP allows (``ssp.release_allowed``),
 recording the arrival order. A worker (rank ``>= K``) pulls the shards once,
 then per clock computes its share's gradient, pushes each shard's part to its
-server and pulls the new shard back (one ``sendrecv`` per server).
+server and pulls the new shard back (one ``sendrecv`` per server). Hierarchical: an
+aggregator (ranks ``1..G``) sums its group's gradients in worker order, pushes the sum
+to the server and passes the reply on; to a worker it is its server.
 """
 
 from __future__ import annotations
@@ -53,23 +55,24 @@ class Server:
         self.waiting: list[int] = []
         self.read = [0] * ps.w
         flat = ps.layout.flat(self.leaves)
-        for w in range(ps.w):  # once per run: eager is fine
-            mpi4jax.send(flat, ps.k + w, tag=INIT, comm=self.comm)
+        for child in ps.children():  # once per run: eager is fine
+            mpi4jax.send(flat, child, tag=INIT, comm=self.comm)
 
     def _sync_fn(self):
-        """Receive every worker's gradient in worker order, average, update, reply to all."""
+        """Receive every worker's gradient in worker order (hierarchical: every aggregator's
+        sum, with its group's mean loss), average, update, reply to all."""
         ps, comm, s = self.ps, self.comm, self.s
         size = ps.layout.group_sizes[s] + TRAILER
 
         def round_(leaves, opt):
             acc, losses = jnp.zeros(size - TRAILER, jnp.float32), []
-            for w in range(ps.w):
-                msg = mpi4jax.recv(jnp.zeros(size), ps.k + w, tag=GRAD, comm=comm)
+            for child in ps.children():
+                msg = mpi4jax.recv(jnp.zeros(size), child, tag=GRAD, comm=comm)
                 acc, losses = acc + msg[:-TRAILER], [*losses, msg[-TRAILER]]
             leaves, opt = ps.update_shard(leaves, opt, ps.layout.unflat(acc, s), 1.0 / ps.w)
             flat = ps.layout.flat(leaves)
-            for w in range(ps.w):
-                mpi4jax.send(flat, ps.k + w, tag=PARAMS, comm=comm)
+            for child in ps.children():
+                mpi4jax.send(flat, child, tag=PARAMS, comm=comm)
             return leaves, opt, jnp.stack(losses)
 
         return ps.jit(round_)
@@ -126,7 +129,7 @@ class Server:
             if tag == STOP:
                 self.comm.recv(source=0, tag=STOP)
                 return losses
-            if ps.spec.ps_mode == "sync":
+            if ps.synchronous:
                 self.leaves, self.opt, ls = self._fn("sync")(self.leaves, self.opt)
                 losses.extend(np.asarray(ls).tolist())
                 self.applied += ps.w
@@ -154,12 +157,49 @@ class Server:
         self.pump(float("inf"), watchdog)
 
 
+class Aggregator:
+    """A learner group's aggregator (hierarchical): its workers' server, the server's
+    worker."""
+
+    def __init__(self, ps: Any) -> None:
+        self.ps = ps
+        self.members = ps.members(ps.rank - ps.k)
+
+    def run(self, state: TrainState, start: int, watchdog: Any = None) -> None:
+        """Pass the initial parameters on, then per clock: sum the group's gradients in
+        worker order, push the sum (with the group's mean loss) up, pass the reply down."""
+        ps, comm = self.ps, data_comm()
+        size = ps.layout.group_sizes[0]
+        flat = mpi4jax.recv(jnp.zeros(size), 0, tag=INIT, comm=comm)
+        for m in self.members:
+            mpi4jax.send(flat, m, tag=INIT, comm=comm)
+
+        def round_(flat):
+            acc, loss, clock = jnp.zeros(size, jnp.float32), jnp.float32(0), jnp.float32(0)
+            for m in self.members:
+                msg = mpi4jax.recv(jnp.zeros(size + TRAILER), m, tag=GRAD, comm=comm)
+                acc, loss, clock = acc + msg[:-TRAILER], loss + msg[-TRAILER], msg[-1]
+            up = jnp.concatenate([acc, jnp.stack([loss / len(self.members), clock])])
+            flat = mpi4jax.sendrecv(up, flat, source=0, dest=0, sendtag=GRAD, recvtag=PARAMS,
+                                    comm=comm)  # fmt: skip
+            for m in self.members:
+                mpi4jax.send(flat, m, tag=PARAMS, comm=comm)
+            return flat
+
+        round_ = jax.jit(round_)
+        for _ in range(start, ps.spec.steps):
+            flat = round_(flat)
+            jax.block_until_ready(flat)
+            if watchdog is not None:
+                watchdog.beat()
+
+
 class Worker:
     """One worker rank: pull the shards, then per clock compute, push, pull."""
 
     def __init__(self, ps: Any) -> None:
         self.ps = ps
-        self.w = ps.rank - ps.k
+        self.w = ps.rank - ps.k - ps.g
 
     def _step_fn(self):
         ps, comm = self.ps, data_comm()
@@ -169,11 +209,12 @@ class Worker:
             new = []
             for s in range(ps.k):
                 msg = jnp.concatenate([ps.layout.flat(gsplit[s]), jnp.stack([loss, clock])])
+                peer = ps.parent(self.w, s)
                 got = mpi4jax.sendrecv(
                     msg,
                     ps.layout.flat(psplit[s]),
-                    source=s,
-                    dest=s,
+                    source=peer,
+                    dest=peer,
                     sendtag=GRAD,
                     recvtag=PARAMS,
                     comm=comm,
@@ -198,7 +239,8 @@ class Worker:
         psplit = ps.layout.split(state.params)
         groups = []
         for s in range(ps.k):
-            got = mpi4jax.recv(ps.layout.flat(psplit[s]), s, tag=INIT, comm=comm)
+            got = mpi4jax.recv(ps.layout.flat(psplit[s]), ps.parent(self.w, s), tag=INIT,
+                               comm=comm)  # fmt: skip
             groups.append(ps.layout.unflat(got, s))
         params = ps.layout.join(groups)
         step = self._step_fn()
