@@ -26,7 +26,13 @@ from refdl.run.build import build
 from refdl.run.checkpoint import load_leaves
 from refdl.run.loop import fit
 from refdl.strategies.decentralized import replica_mean
-from refdl.strategies.ps.ssp import simulate_trace, staleness_of
+from refdl.strategies.ps.ssp import (
+    simulate_softsync_trace,
+    simulate_trace,
+    softsync_scale,
+    softsync_updates,
+    staleness_of,
+)
 
 RTOL, ATOL = 1e-5, 1e-6
 QUIET = {"progress": False, "eval_every": 0, "checkpoint_every": 0}
@@ -208,6 +214,33 @@ def test_simulate_trace_ssp_bound_and_async_straggler():
     assert staleness_of(trace, 3, 0)[1] == [0, 1, 2] + [2] * 9
 
 
+def test_softsync_one_update_per_step_equals_single_and_n_two_is_stale():
+    """1-softsync gathers all W gradients (staleness 0, weight 1/W): sync's update, summed
+    in arrival order (rtol 1e-5). 2-softsync of 4 workers at equal speeds: workers 2 and
+    3 apply one update late, and so, from then on, does everyone: weight 1/(2 x 1)."""
+    _, ps = run_steps(5, strategy="ps", simulate=True, workers=4, model="mlp",
+                      ps_mode="softsync", softsync_n=1)  # fmt: skip
+    _, single = run_steps(5, model="mlp")
+    leaves_close(ps.params, single.params)
+    trace = simulate_softsync_trace(4, 0, 3, 2, [1.0] * 4)
+    assert trace[:6] == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (0, 1, 1), (1, 1, 1)]
+    update_of = softsync_updates(trace, 4, 0, 3, 2)
+    assert update_of == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert staleness_of(trace, 4, 0, update_of)[1] == [0, 0] + [1] * 10
+    assert softsync_scale(2, 0) == softsync_scale(2, 1) == 0.5 and softsync_scale(2, 3) == 1 / 6
+
+
+def test_softsync_closes_short_when_no_one_else_can_arrive():
+    """A contributor waits for its update: once every other worker has run all its clocks,
+    the open update closes with fewer gradients than c (else the run would hang)."""
+    slow = [1.0, 1.0, 1.0, 10.0]  # worker 3 is 10 times slower
+    trace = simulate_softsync_trace(4, 0, 5, 2, slow)
+    update_of = softsync_updates(trace, 4, 0, 5, 2)
+    sizes = np.bincount(update_of).tolist()
+    assert len(trace) == 20 and sizes[-1] == 1 and sum(sizes) == 20
+    assert [w for w, _, _ in trace[-2:]] == [3, 3]  # the straggler's last clocks, alone
+
+
 def test_staleness_of_hand_computed():
     # Worker 1 pushes clocks 0 and 1 while worker 0 is still on clock 0.
     trace = [(1, 0, 0), (1, 1, 1), (0, 0, 0)]
@@ -336,9 +369,36 @@ def test_mpi_hierarchical_ps_equals_single(tmp_path, single_short):
     assert s["comm_bytes_per_step"] == (4 + 2) * (8 * n + 8)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_mpi_softsync_equals_its_serial_oracle(tmp_path):
+    """-n 5, 2-softsync (4 workers, 2 gradients an update): the arrival order replayed in
+    one process gives the same parameters, bit for bit (both call the same compiled
+    gradient, weighting and update); the staleness histograms are in the summary."""
+    out, replay = tmp_path / "ss", tmp_path / "replay"
+    common = ("--strategy", "ps", "--ps-mode", "softsync", "--softsync-n", "2", "--model",
+              "mlp", "--steps", "30", "--eval-every", "0")  # fmt: skip
+    mpi_ok(mpirun(5, *common, out=out))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["gradients_per_update"] == 2 and len(s["ps_trace"]) == 4 * 30
+    assert sum(s["staleness_updates_histogram"].values()) == 120
+    proc = subprocess.run(
+        [sys.executable, "-m", "refdl.train", *common, "--simulate", "--workers", "4",
+         "--ps-trace", str(out / "summary.json"), "--out", str(replay), "--no-progress"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = params_of(load_leaves(out)), params_of(load_leaves(replay))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize(
     "kw, says",
     [
+        ({"ps_mode": "softsync"}, "go together"),
+        ({"softsync_n": 2}, "go together"),
+        ({"ps_mode": "softsync", "softsync_n": 3, "simulate": True, "workers": 4}, "divisor"),
+        ({"ps_mode": "softsync", "softsync_n": 2, "simulate": True, "servers": 2}, "one server"),
         ({"ps_mode": "hierarchical"}, "go together"),
         ({"ps_groups": 2}, "go together"),
         ({"ps_mode": "hierarchical", "ps_groups": 2, "simulate": True}, "under mpirun"),

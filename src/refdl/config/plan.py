@@ -33,9 +33,9 @@ DEFAULT_SIMULATED_WORKERS = 4
 # RunSpec fields that only some strategies accept (each declares which in its Traits).
 STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
-    "stage_boundaries", "plot_schedule", "ps_mode", "servers", "ps_groups", "staleness", "simulate",
-    "workers", "ps_trace", "topology", "order", "gossip", "straggler", "cp",
-    "sequence_parallel", "sfb",
+    "stage_boundaries", "plot_schedule", "ps_mode", "servers", "ps_groups", "softsync_n",
+    "staleness", "simulate", "workers", "ps_trace", "topology", "order", "gossip",
+    "straggler", "cp", "sequence_parallel", "sfb",
 )  # fmt: skip
 
 
@@ -519,8 +519,17 @@ def _worker_plan(
                 f"--straggler {spec.straggler}: rank {straggler[0]} is not a worker "
                 f"(workers are ranks {lo}..{lo + workers - 1})"
             )
-    if spec.ps_trace and spec.ps_mode == "sync":
-        raise UsageError("--ps-trace replays an async or ssp run; add --ps-mode async|ssp")
+    if spec.ps_trace and spec.ps_mode in ("sync", "hierarchical"):
+        raise UsageError("--ps-trace replays an async, ssp or softsync run; add --ps-mode "
+                         "async|ssp|softsync")  # fmt: skip
+    if spec.ps_mode == "softsync" and traits.servers:
+        n = spec.softsync_n or 1
+        if servers != 1:
+            raise UsageError("--ps-mode softsync has one server (its order is the one the "
+                             "replay needs); drop --servers")  # fmt: skip
+        if workers % n:
+            raise UsageError(f"--softsync-n {n}: the {workers} workers do not split into {n} "
+                             f"equal updates; use a divisor of {workers}")  # fmt: skip
     mesh = MeshSpec(data=workers if mode == "spmd" else 1)
     return Plan(mesh, m, {}, "data", mode, workers=workers, servers=servers, groups=groups)
 

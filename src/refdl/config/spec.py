@@ -231,6 +231,11 @@ class RunSpec:
         Optional(Int(min=1, max=1 << 10)),
         "ps hierarchical: learner groups, each behind an aggregator rank (default: none)",
     )
+    softsync_n: int | None = WORKERS(
+        None,
+        Optional(Int(min=1, max=1 << 10)),
+        "ps softsync: update after every W/N gradients (1: as sync, W: as async)",
+    )
     staleness: int | None = WORKERS(
         None,
         Optional(Int(min=0, max=10**6)),
@@ -303,6 +308,9 @@ class RunSpec:
         if (self.ps_mode == "hierarchical") != (self.ps_groups is not None):
             raise UsageError("--ps-mode hierarchical and --ps-groups G go together (G learner "
                              "groups, each behind an aggregator rank)")  # fmt: skip
+        if (self.ps_mode == "softsync") != (self.softsync_n is not None):
+            raise UsageError("--ps-mode softsync and --softsync-n N go together (the server "
+                             "updates after every W/N gradients)")  # fmt: skip
         if self.staleness is not None and self.ps_mode != "ssp":
             raise UsageError("--staleness is the bound of --ps-mode ssp; add --ps-mode ssp")
         if self.workers is not None and not self.simulate:

@@ -19,6 +19,10 @@ shard's gradient to its server and pulls the new shard back (one mpi4jax
   ICDM'16), synchronous: ranks ``1..G`` aggregate their group's gradients (summed in
   worker order) and push the sum to the one server, which adds the G sums, updates and
   replies to the aggregators, who pass the parameters on: ``single``'s trajectory.
+- ``--ps-mode softsync --softsync-n N``: n-softsync (same paper): the server sums the
+  gradients as they arrive, each weighted ``1/(c·max(1, σ))`` (c = W/N per update, σ
+  its staleness in updates: the staleness-dependent rate), updates once per c and
+  replies to those c workers. N = 1 is sync; N = W is async with the rate divided by σ.
 
 Staleness of an applied gradient is recorded in *clocks* - how many clocks the
 worker ran ahead of the slowest worker's completed work when it read the
@@ -53,7 +57,13 @@ from refdl.data.order import worker_share
 from refdl.parallel.processes import data_comm, launched_rank
 from refdl.strategies.base import Batch, History, Strategy, abstract, register
 from refdl.strategies.ps.simulate import Simulator
-from refdl.strategies.ps.ssp import TRAILER, Layout, histogram, staleness_of
+from refdl.strategies.ps.ssp import (
+    TRAILER,
+    Layout,
+    histogram,
+    softsync_updates,
+    staleness_of,
+)
 
 
 @register("ps")
@@ -63,7 +73,7 @@ class ParameterServer(Strategy):
     traits = Traits(
         options=frozenset(
             {"ps_mode", "servers", "ps_groups", "staleness", "simulate", "workers", "ps_trace"}
-            | {"straggler"}
+            | {"straggler", "softsync_n"}
         ),
         multiprocess="mpi",
         workers=True,
@@ -81,14 +91,18 @@ class ParameterServer(Strategy):
         self.rank = launched_rank() if self.mode == "mpi" else 0
         self.straggler = straggler_of(spec.straggler)
         self.bound = 0 if self.synchronous else spec.staleness
-        if spec.ps_mode == "async":
+        if spec.ps_mode in ("async", "softsync"):
             self.bound = float("inf")
+        # softsync: c gradients per update, N updates per step; async/SSP: 1 and W
+        self.per_update = self.w // spec.softsync_n if spec.softsync_n else 1
+        updates = 1 if self.synchronous else self.w // self.per_update
         # One lr-schedule step per loop step: async/SSP apply W gradients per step.
-        self.opt, _ = make_optimizer_for(spec, 1 if self.synchronous else self.w)
+        self.opt, _ = make_optimizer_for(spec, updates)
         params = task.model.abstract_params(task.sample_x)
         self.layout = Layout(params, self.k)
         self.n_params = param_count(params)
         self.update = self.jit(self.update_shard)
+        self.accumulate = self.jit(self.accumulate_shard)
         self.grads = self.jit(self.worker_grads)
         self.executor = self._executor()
 
@@ -142,6 +156,10 @@ class ParameterServer(Strategy):
         grads = [g * scale for g in grads]
         updates, opt_state = self.opt.update(grads, opt_state, leaves)
         return [p + u for p, u in zip(leaves, updates, strict=True)], opt_state
+
+    def accumulate_shard(self, acc, grads, scale):
+        """softsync: ``acc + scale * grads`` (a server's running weighted sum)."""
+        return [a + g * scale for a, g in zip(acc, grads, strict=True)]
 
     def worker_grads(self, params, batch):
         """A worker's loss and gradient on its share of a batch."""
@@ -235,11 +253,17 @@ class ParameterServer(Strategy):
             "staleness_bound": self.spec.staleness,
             "server_param_bytes": [4 * n for n in self.layout.group_sizes],
             "ps_groups": self.g,
+            "softsync_n": self.spec.softsync_n,
+            "gradients_per_update": self.per_update,
             "comm_bytes_per_step": self._comm_bytes(),
             "straggler": self.spec.straggler,
         }
         if not self.synchronous and trace:
-            clocks, updates = staleness_of(trace, self.w, start)
+            update_of = None
+            if self.spec.ps_mode == "softsync":
+                update_of = softsync_updates(trace, self.w, start, self.spec.steps,
+                                             self.per_update)  # fmt: skip
+            clocks, updates = staleness_of(trace, self.w, start, update_of)
             out.update(
                 staleness_histogram=histogram(clocks),
                 staleness_max=max(clocks),

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from refdl.core.state import TrainState, to_host
 from refdl.parallel.processes import data_comm
-from refdl.strategies.ps.ssp import TRAILER, release_allowed
+from refdl.strategies.ps.ssp import TRAILER, release_allowed, softsync_closes, softsync_scale
 
 GRAD, PARAMS, INIT, GATHER, STOP = 11, 12, 13, 14, 15
 
@@ -48,6 +48,7 @@ class Server:
         """Take this server's shard of ``state`` and send it to every worker."""
         ps = self.ps
         self.state = state
+        self.acc = None  # softsync's running sum of the update being gathered
         self.leaves = ps.layout.split(state.params)[self.s]
         self.opt = state.opt_state[self.s]
         self.start_step = int(np.asarray(state.step))
@@ -100,6 +101,45 @@ class Server:
 
         return apply_one
 
+    def _softsync_fn(self):
+        """Receive one gradient from any worker and add it, weighted, to the running sum
+        (``ParameterServer.accumulate``: the simulator's compiled function)."""
+        ps, comm, s = self.ps, self.comm, self.s
+        size = ps.layout.group_sizes[s] + TRAILER
+        receive = jax.jit(
+            lambda: mpi4jax.recv(
+                jnp.zeros(size), self.MPI.ANY_SOURCE, tag=GRAD, comm=comm, status=self.status
+            )
+        )
+        unpack = jax.jit(lambda msg: ps.layout.unflat(msg[:-TRAILER], s))
+        return receive, unpack
+
+    def _softsync_one(self, losses: list[float]) -> None:
+        """One arrival; on every c-th, the update and the replies to its contributors."""
+        ps = self.ps
+        if "softsync" not in self._fns:
+            self._fns["softsync"] = self._softsync_fn()
+        receive, unpack = self._fns["softsync"]
+        if self.acc is None:
+            self.acc, self.chunk = [jnp.zeros_like(x) for x in self.leaves], []
+        msg = receive()
+        losses.append(float(msg[-TRAILER]))  # waits for the receive: then status is set
+        w = self.status.Get_source() - ps.k
+        scale = jnp.float32(softsync_scale(ps.per_update, self.version - self.read[w]))
+        self.acc = ps.accumulate(self.acc, unpack(msg), scale)
+        self.trace.append((w, int(msg[-1]), self.read[w]))
+        self.applied += 1
+        self.completed[w] += 1
+        self.chunk.append(w)
+        if softsync_closes(self.chunk, ps.per_update, self.completed, ps.spec.steps):
+            self.leaves, self.opt = ps.update(self.leaves, self.opt, self.acc, 1.0)
+            self.version += 1
+            flat = ps.layout.flat(self.leaves)
+            for v in self.chunk:
+                self.read[v] = self.version
+                self._send_fn(ps.k + v)(flat)
+            self.acc = None
+
     def _send_fn(self, dest: int):
         """A compiled send of this shard's parameters to ``dest`` (eager mpi4jax calls
         recompile every time)."""
@@ -129,7 +169,9 @@ class Server:
             if tag == STOP:
                 self.comm.recv(source=0, tag=STOP)
                 return losses
-            if ps.synchronous:
+            if ps.spec.ps_mode == "softsync":
+                self._softsync_one(losses)
+            elif ps.synchronous:
                 self.leaves, self.opt, ls = self._fn("sync")(self.leaves, self.opt)
                 losses.extend(np.asarray(ls).tolist())
                 self.applied += ps.w

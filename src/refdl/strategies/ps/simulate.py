@@ -20,7 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from refdl.core.state import TrainState
-from refdl.strategies.ps.ssp import load_trace, simulate_trace
+from refdl.strategies.ps.ssp import (
+    load_trace,
+    simulate_softsync_trace,
+    simulate_trace,
+    softsync_scale,
+    softsync_updates,
+)
 
 
 class Simulator:
@@ -43,8 +49,15 @@ class Simulator:
             step_s = [1.0] * ps.w
             if ps.straggler:
                 step_s[ps.straggler[0] - ps.k] += ps.straggler[1]
-            self.events = simulate_trace(ps.w, step, ps.spec.steps, ps.bound, step_s)
+            if ps.spec.ps_mode == "softsync":
+                self.events = simulate_softsync_trace(
+                    ps.w, step, ps.spec.steps, ps.per_update, step_s
+                )
+            else:
+                self.events = simulate_trace(ps.w, step, ps.spec.steps, ps.bound, step_s)
         self.needed = Counter(v for _, _, v in self.events)
+        self.update_of = softsync_updates(self.events, ps.w, step, ps.spec.steps, ps.per_update)
+        self.acc = None  # softsync: the open update's weighted sum
         self.snapshots = {0: state.params}
         self.version = 0
 
@@ -63,6 +76,31 @@ class Simulator:
             gsplit = ps.layout.split(acc)
             for s in range(ps.k):
                 groups[s], opt[s] = ps.update(groups[s], opt[s], gsplit[s], 1.0 / ps.w)
+        elif ps.spec.ps_mode == "softsync":
+            if self.start_step is None:
+                self._begin(state, step)
+            done, last = len(self.trace), len(self.events) - 1
+            for i in range(done, done + ps.w):  # an update closes where update_of moves on
+                w, clock, v = self.events[i]
+                read = self.snapshots[v]
+                self.needed[v] -= 1
+                if not self.needed[v]:
+                    del self.snapshots[v]
+                loss, grads = ps.grads(read, ps.share(clock, w))
+                losses.append(loss)
+                if self.acc is None:
+                    self.acc = [[jnp.zeros_like(x) for x in g] for g in groups]
+                scale = jnp.float32(softsync_scale(ps.per_update, self.version - v))
+                gsplit = ps.layout.split(grads)
+                self.acc = [ps.accumulate(self.acc[s], gsplit[s], scale) for s in range(ps.k)]
+                self.trace.append((w, clock, v))
+                if i == last or self.update_of[i + 1] != self.update_of[i]:
+                    for s in range(ps.k):
+                        groups[s], opt[s] = ps.update(groups[s], opt[s], self.acc[s], 1.0)
+                    self.acc = None
+                    self.version += 1
+                    if self.needed[self.version]:
+                        self.snapshots[self.version] = ps.layout.join(groups)
         else:
             if self.start_step is None:
                 self._begin(state, step)

@@ -2,6 +2,11 @@
 servers (``Layout``), when a worker may start a clock (stale-synchronous parallel, Ho et
 al. 2013: ``release_allowed``), the arrival order a timing model produces
 (``simulate_trace``), and the staleness of each applied gradient (``staleness_of``).
+n-softsync (Gupta et al., ICDM'16): the server updates once per ``c = W/n`` gradients,
+each scaled by ``1/(c·max(1, σ))``, σ its staleness in updates (``softsync_scale``), and
+replies to the update's contributors; a version is then an update, not a gradient. A
+contributor waits for its update, so at the end of a run, when no worker outside the
+update has a clock left, it closes with fewer (``softsync_closes``).
 
 Staleness is counted in *clocks* - how many clocks the worker ran ahead of the
 slowest worker's completed work when it read the parameters (SSP's bound S
@@ -103,16 +108,75 @@ def simulate_trace(
     return trace
 
 
-def staleness_of(trace: list[Any], workers: int, start: int) -> tuple[list[int], list[int]]:
-    """Per applied gradient: (clock staleness, update staleness), from the arrival order."""
+def staleness_of(
+    trace: list[Any], workers: int, start: int, update_of: list[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """Per applied gradient: (clock staleness, update staleness), from the arrival order;
+    ``update_of``: the update each gradient went into (softsync; else one each)."""
+    update_of = update_of or list(range(len(trace)))
     completed = [start] * workers
     min_at = [start]  # the slowest worker's completed clocks after v updates
+    for i, (w, _, _) in enumerate(trace):
+        completed[w] += 1
+        if i + 1 == len(trace) or update_of[i + 1] != update_of[i]:
+            min_at.append(min(completed))
+    clocks = [int(c) - min_at[v] for _, c, v in trace]
+    updates = [update_of[i] - int(v) for i, (_, _, v) in enumerate(trace)]
+    return clocks, updates
+
+
+def softsync_closes(chunk: list[int], per_update: int, completed: list[int], steps: int) -> bool:
+    """Does the update gathering ``chunk`` (its workers) close? At ``per_update``
+    gradients, or sooner when every worker outside it has run all its clocks."""
+    return len(chunk) == per_update or all(
+        completed[v] >= steps for v in range(len(completed)) if v not in chunk
+    )
+
+
+def softsync_updates(
+    trace: list[Any], workers: int, start: int, steps: int, per_update: int
+) -> list[int]:
+    """The update each gradient of a softsync arrival order went into."""
+    completed, chunk, update, out = [start] * workers, [], 0, []
     for w, _, _ in trace:
         completed[w] += 1
-        min_at.append(min(completed))
-    clocks = [int(c) - min_at[v] for _, c, v in trace]
-    updates = [i - int(v) for i, (_, _, v) in enumerate(trace)]
-    return clocks, updates
+        chunk.append(w)
+        out.append(update)
+        if softsync_closes(chunk, per_update, completed, steps):
+            update, chunk = update + 1, []
+    return out
+
+
+def softsync_scale(per_update: int, staleness: int) -> float:
+    """n-softsync's weight of one gradient: the mean of ``per_update`` gradients, the rate
+    divided by the staleness σ in updates (a fresh gradient, σ = 0, counts as 1)."""
+    return 1.0 / (per_update * max(1, staleness))
+
+
+def simulate_softsync_trace(
+    workers: int, start: int, steps: int, per_update: int, step_s: list[float]
+) -> list[tuple[int, int, int]]:
+    """n-softsync's arrival order under a timing model: ``(worker, clock, update read)``.
+    Every ``per_update`` arrivals make an update; its contributors then read it and
+    compute again (``step_s[w]`` each; ties to the lower index). Deterministic."""
+    completed = [start] * workers
+    arrive = {w: step_s[w] for w in range(workers)} if start < steps else {}
+    read = dict.fromkeys(range(workers), 0)
+    trace, chunk, version = [], [], 0
+    while arrive:
+        w = min(arrive, key=lambda w: (arrive[w], w))
+        now = arrive.pop(w)
+        trace.append((w, completed[w], read[w]))
+        completed[w] += 1
+        chunk.append(w)
+        if softsync_closes(chunk, per_update, completed, steps):
+            version += 1
+            for v in chunk:
+                read[v] = version
+                if completed[v] < steps:
+                    arrive[v] = now + step_s[v]
+            chunk = []
+    return trace
 
 
 def histogram(values: list[int]) -> dict[str, int]:
