@@ -6,6 +6,7 @@
 .venv/bin/python -m refdl.bench compare --frameworks refdl,torch --model lenet5 \
     --strategy data --devices 1,2,4
 .venv/bin/python -m refdl.bench published [--json] [--plot FILE.png]
+.venv/bin/python -m refdl.bench microbatch --model resnet --memory-limit 64MiB [--mode shared]
 
 Exit status: 0 done (run: every metric within its bounds); 1 a recipe's metric missed
 its threshold; 2 bad input.
@@ -17,10 +18,10 @@ import argparse
 import json
 import sys
 
-from refdl.bench import compare, op_profile, predict_vs_measure, published, recipes
+from refdl.bench import compare, microbatch, op_profile, predict_vs_measure, published, recipes
 from refdl.errors import UsageError
 
-COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare", "published")
+COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare", "published", "microbatch")
 
 
 def _simulated_devices() -> None:
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_main(argv[1:])
     if argv[0] == "published":
         return published.main(argv[1:])
+    if argv[0] == "microbatch":
+        return microbatch.main(argv[1:])
     return compare.main(argv[1:])  # simulates as many devices as its --devices asks
 
 

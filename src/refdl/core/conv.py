@@ -37,12 +37,55 @@ def xla_only(on: bool = True) -> Iterator[None]:
         _XLA_ONLY.reset(token)
 
 
+class ConvPlan:
+    """Micro-batch plans for the convolutions of a program being traced, in call order
+    (μ-cuDNN, Oyama et al. 2018; ``refdl.perf.microbatch``): each entry is a list of
+    ``(implementation, micro-batch size)`` covering the batch; ``None`` records the
+    convolutions' signatures instead (``calls``)."""
+
+    def __init__(self, entries: list[list[tuple[str, int]]] | None = None) -> None:
+        self.entries, self.calls = entries, []
+
+    def take(self, sig: tuple) -> list[tuple[str, int]] | None:
+        self.calls.append(sig)
+        return None if self.entries is None else self.entries[len(self.calls) - 1]
+
+
+_PLAN: contextvars.ContextVar[ConvPlan | None] = contextvars.ContextVar("conv_plan", default=None)
+
+
+@contextlib.contextmanager
+def conv_plan(plan: ConvPlan) -> Iterator[ConvPlan]:
+    """While tracing, run (or record) every convolution by ``plan``."""
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
+
+
+def conv_impl(impl: str, x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> Array:
+    """One implementation: ``xla`` (XLA's convolution; cuDNN's on a GPU) or ``im2col``."""
+    if impl == "im2col":
+        return im2col_conv(x, kernel, strides, padding)
+    return lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
+
+
 def conv2d(x: Array, kernel: Array, strides: tuple[int, int], padding: str) -> Array:
     """``y[n, h, w, o] = sum_{i, j, c} x[n, h*s + i - p, w*s + j - p, c] kernel[i, j, c, o]``."""
 
     def xla(x: Array, kernel: Array) -> Array:
-        return lax.conv_general_dilated(x, kernel, strides, padding, dimension_numbers=_DIMS)
+        return conv_impl("xla", x, kernel, strides, padding)
 
+    plan = _PLAN.get()
+    if plan is not None:
+        split = plan.take((tuple(x.shape), tuple(kernel.shape), tuple(strides), padding))
+        if split is not None:  # the micro-batches, in order, each by its implementation
+            ys, first = [], 0
+            for impl, b in split:
+                ys.append(conv_impl(impl, x[first : first + b], kernel, strides, padding))
+                first += b
+            return jnp.concatenate(ys) if len(ys) > 1 else ys[0]
     if _XLA_ONLY.get() or not use_im2col(x.shape, kernel.shape, strides, padding):
         return xla(x, kernel)
     return lax.platform_dependent(

@@ -1,0 +1,190 @@
+"""``refdl bench microbatch``: μ-cuDNN's micro-batch selection (Oyama et al., 2018),
+measured on this machine.
+
+For every convolution of the model's training step (its input shape at the batch), the
+forward and both backward products are timed for each implementation refdl has (XLA's
+convolution, ``im2col``: patches x kernel) and each micro-batch size of the policy;
+``refdl.perf.microbatch`` then picks, per layer, the fastest micro-batches under the
+workspace limit (``--mode layer``: dynamic programming) or shares the limit across
+layers (``--mode shared``: a 0-1 integer program). The plan's predicted step is the
+undivided step's measured time with each layer's undivided convolution time replaced by
+the plan's (each timed alone, less the cost of an empty call); the step is then built
+with the plan and measured, side by side with the undivided one, and its gradients
+compared with the undivided step's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from refdl.config.spec import RunSpec
+from refdl.core.conv import ConvPlan, conv_impl, conv_plan
+from refdl.errors import UsageError
+from refdl.perf import microbatch as mb
+from refdl.plan import memory_size
+from refdl.run.build import build
+
+IMPLS = ("xla", "im2col")
+
+
+def _median_time(fn: Any, *args: Any, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def conv_time(sig: tuple, impl: str, b: int, repeats: int) -> float:
+    """Seconds of one micro-batch of ``b``: the forward product and both backward ones."""
+    (_, h, w, c), kshape, strides, padding = sig
+    x = np.random.default_rng(0).normal(size=(b, h, w, c)).astype(np.float32)
+    k = np.random.default_rng(1).normal(size=kshape).astype(np.float32)
+
+    def fwd_bwd(x, k):
+        y, back = jax.vjp(lambda x, k: conv_impl(impl, x, k, strides, padding), x, k)
+        return back(y)
+
+    return _median_time(jax.jit(fwd_bwd), x, k, repeats=repeats)
+
+
+def _step(run: Any, plan: ConvPlan | None) -> Any:
+    """The model's gradient step, compiled with every convolution by ``plan``."""
+    state = run.strategy.init_state(0)
+    batch = run.batch(0)
+
+    def grads(params, model_state, batch):
+        return run.task.accumulated_grads(params, model_state, batch, 1)[:2]
+
+    with conv_plan(plan or ConvPlan()):
+        compiled = jax.jit(grads).lower(state.params, state.model_state, batch).compile()
+    return compiled, (state.params, state.model_state, batch)
+
+
+def run_bench(model: str, batch: int, limit: float, policy: str, mode: str,
+              repeats: int = 5) -> dict[str, Any]:  # fmt: skip
+    """The plan, its predicted and measured step against undivided, and the gradients'
+    largest relative difference."""
+    if mode not in ("layer", "shared"):
+        raise UsageError(f"--mode {mode!r}: choose layer or shared")
+    run = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))
+    recorder = ConvPlan()
+    _, args = _step(run, None)
+    with conv_plan(recorder):
+        jax.eval_shape(lambda p, s, b: run.task.accumulated_grads(p, s, b, 1)[:2], *args)
+    calls = recorder.calls
+    if not calls:
+        raise UsageError(f"--model {model} has no convolutions to divide")
+    sizes = mb.sizes(batch, policy)
+    # a call's own cost (dispatch, argument handling), which the products inside one
+    # compiled step do not pay: taken off every timed micro-batch
+    x1 = np.zeros((1,), np.float32)
+    overhead = _median_time(jax.jit(lambda x, k: (x, k)), x1, x1, repeats=4 * repeats)
+    measured: dict[tuple, dict[mb.Choice, float]] = {}
+    for sig in dict.fromkeys(calls):
+        print(f"timing {sig[0]} x {sig[1]}: {len(IMPLS) * len(sizes)} micro-batches",
+              file=sys.stderr, flush=True)  # fmt: skip
+        measured[sig] = {(i, b): max(conv_time(sig, i, b, repeats) - overhead, 1e-7)
+                         for i in IMPLS for b in sizes}  # fmt: skip
+    work = {sig: {c: mb.workspace_bytes(sig, *c) for c in measured[sig]} for sig in measured}
+    if mode == "layer":
+        splits = [mb.best_split(batch, measured[s], work[s], limit)[1] for s in calls]
+    else:
+        fronts = [mb.candidates(batch, measured[s], work[s]) for s in calls]
+        chosen = mb.shared_limit(fronts, limit)
+        splits = [fronts[i][j][2] for i, j in enumerate(chosen)]
+    undivided_conv = [min(measured[s][(i, batch)] for i in IMPLS) for s in calls]
+    default = [measured[s][("im2col" if _default_im2col(s) else "xla", batch)] for s in calls]
+    planned = [sum(measured[s][c] for c in split) for s, split in zip(calls, splits, strict=True)]
+
+    base, base_args = _step(run, None)
+    plan_step, _ = _step(run, ConvPlan(splits))
+    t_base, t_plan = [], []
+    for _ in range(3):  # side by side, alternating: a busy machine slows both alike
+        t_base.append(_median_time(base, *base_args, repeats=repeats))
+        t_plan.append(_median_time(plan_step, *base_args, repeats=repeats))
+    t_base_s, t_plan_s = statistics.median(t_base), statistics.median(t_plan)
+    g0, g1 = base(*base_args)[1], plan_step(*base_args)[1]
+    diff = max(  # per array: the largest difference over the largest entry
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-30))
+        for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True)
+    )
+    exact = all(
+        np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True)
+    )
+    layers = [_layer(s, split, t, d, work[s]) for s, split, t, d in
+              zip(calls, splits, planned, default, strict=True)]  # fmt: skip
+    return {
+        "model": model, "batch": batch, "memory_limit_bytes": limit, "policy": policy,
+        "mode": mode, "device": jax.devices()[0].device_kind, "layers": layers,
+        "workspace_bytes_total": sum(x["workspace_bytes"] for x in layers),
+        "step_undivided_s": t_base_s, "step_planned_s": t_plan_s,
+        "step_predicted_s": t_base_s - sum(default) + sum(planned),
+        "step_undivided_runs_s": t_base, "step_planned_runs_s": t_plan,
+        "conv_fastest_undivided_s": sum(undivided_conv), "call_overhead_s": overhead,
+        "gradients_max_relative_difference": diff, "gradients_equal_rtol_1e-5": exact,
+        "date": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
+
+
+def _layer(sig: tuple, split: list, t: float, undivided: float, work: dict) -> dict[str, Any]:
+    return {"input": list(sig[0]), "kernel": list(sig[1]), "strides": list(sig[2]),
+            "split": [list(c) for c in split], "time_s": t, "undivided_time_s": undivided,
+            "workspace_bytes": max(work[c] for c in split)}  # fmt: skip
+
+
+def _default_im2col(sig: tuple) -> bool:
+    from refdl.core.conv import use_im2col
+
+    return use_im2col(sig[0], sig[1], sig[2], sig[3])
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="refdl bench microbatch", description=__doc__)
+    ap.add_argument("--model", default="resnet")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--memory-limit", default="64MiB", help="workspace limit (e.g. 64MiB)")
+    ap.add_argument("--policy", default="powers", help="powers (of two) or all sizes")
+    ap.add_argument("--mode", default="layer", help="layer (a limit each) or shared (in all)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", help="also write the result as JSON to this file")
+    args = ap.parse_args(argv)
+    try:
+        if args.batch_size < 1 or args.repeats < 1:
+            raise UsageError("--batch-size and --repeats must be at least 1")
+        limit = memory_size(args.memory_limit)
+        r = run_bench(args.model, args.batch_size, limit, args.policy, args.mode, args.repeats)
+    except UsageError as e:
+        print(f"refdl bench microbatch: error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"{r['model']}, batch {r['batch']}, workspace limit {r['memory_limit_bytes']:.0f} B "
+          f"({r['mode']}, {r['policy']}), {r['device']}")  # fmt: skip
+    for i, x in enumerate(r["layers"]):
+        split = " + ".join(f"{impl}:{b}" for impl, b in x["split"])
+        print(f"  conv {i:2d} {x['input']} k{x['kernel'][:2]}/{x['strides'][0]}: {split:28s} "
+              f"{x['time_s'] * 1e3:8.3f} ms (undivided {x['undivided_time_s'] * 1e3:8.3f}), "
+              f"workspace {x['workspace_bytes'] / 2**20:.1f} MiB")  # fmt: skip
+    print(f"step: undivided {r['step_undivided_s'] * 1e3:.2f} ms; planned: predicted "
+          f"{r['step_predicted_s'] * 1e3:.2f} ms, measured {r['step_planned_s'] * 1e3:.2f} ms; "
+          f"gradients equal to the undivided step's within rtol 1e-5: "
+          f"{r['gradients_equal_rtol_1e-5']} (largest difference "
+          f"{r['gradients_max_relative_difference']:.1e} of an array's largest entry)")  # fmt: skip
+    return 0
