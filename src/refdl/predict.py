@@ -336,6 +336,7 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--ps-mode", default="sync")
     p.add_argument("--ps-groups", type=int, default=1, help="ps hierarchical: learner groups")
+    p.add_argument("--sfb", default="off", help="data: sufficient factors (off, auto, all)")
     p.add_argument("--topology", default="ring")
     p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
     p.add_argument(
@@ -380,6 +381,7 @@ def _step_main(argv: list[str]) -> int:
             servers=args.servers,
             ps_mode=args.ps_mode,
             ps_groups=args.ps_groups,
+            sfb=args.sfb,
             topology=args.topology,
             optimizer_words=words[args.optimizer],
             overlap=0.0 if args.overlap is None else args.overlap,

@@ -516,3 +516,26 @@ def test_hierarchical_ps_is_priced_in_two_levels():
     assert tree["comm_s"] == pytest.approx(flat["comm_s"] * (8 + 8) / 64, rel=0.01)
     with pytest.raises(UsageError, match="equal groups"):
         row(ps_mode="hierarchical", ps_groups=5)
+
+
+def test_sufficient_factors_are_priced_as_the_strategy_chooses_them():
+    """mlp 64-256-256-10, 4 workers of 16 rows: auto factors the two hidden layers and
+    all-reduces the 10-way head, as ``refdl train --sfb auto`` does (test_sfb.py); each
+    factored layer is an all-gather of ``4 x 4 x 16 x (in + out)`` bytes."""
+    from refdl.perf import PredictOptions
+    from refdl.perf.costs import sufficient_factors
+    from refdl.perf.model_cost import model_cost
+
+    m = model_cost("mlp")
+    assert m.dense_layers == ((1, 64, 256, 16640), (1, 256, 256, 65792), (1, 256, 10, 2570))
+    link = Link(0.0, 1e-9)
+
+    def ring(n):
+        return C.allreduce_ring(n, 4, link)
+
+    auto = sufficient_factors(m, 16, 4, PredictOptions(sfb="auto"), ring, link)
+    gather = [C.allgather_ring(4 * 4 * 16 * (i + o), 4, link) for i, o in ((64, 256), (256, 256))]
+    assert auto == pytest.approx(ring(m.param_bytes - 4 * (16640 + 65792)) + sum(gather))
+    assert auto < ring(m.param_bytes)  # bandwidth alone: fewer bytes, less time
+    every = sufficient_factors(m, 16, 4, PredictOptions(sfb="all"), ring, link)
+    assert every > auto  # the head's factors (256 + 10 per row) outweigh its 2,570 values

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -463,6 +464,12 @@ def sufficient_factors(
     return scoped(_FACTORS, (axis, keys, p))
 
 
+def sfb_mode(setting: str, factor_bytes: float, gradient_bytes: float) -> str:
+    """``--sfb``'s rule for one layer: ``factors`` (all, or auto where the gathered factors
+    move fewer bytes than the gradient's all-reduce), else ``gradient``."""
+    return "factors" if setting == "all" or factor_bytes < gradient_bytes else "gradient"
+
+
 def factored_dense(layer: Dense, axis: str, p: int, low: Any = None) -> Callable:
     """``(params, state, x) -> (y, state)`` of a ``Dense`` layer whose weight gradient is
     formed from factors gathered over ``axis`` (``sufficient_factors``); ``low``, a dtype
@@ -621,6 +628,18 @@ class Sequential:
             if s:
                 new_state[key] = updates
         return x, new_state
+
+    def dense_layers(self, params: PyTree, state: PyTree, x: Any) -> dict[str, dict[str, int]]:
+        """Each fully connected layer's ``rows`` (of an input like ``x``), ``in``, ``out``
+        and ``params``: what sufficient-factor broadcasting prices."""
+        shapes = self.input_shapes(params, state, x)
+        out = {}
+        for key, layer in zip(self.keys, self.layers, strict=True):
+            if isinstance(layer, Dense):
+                m, n = params[key]["kernel"].shape
+                out[key] = {"rows": math.prod(shapes[key][:-1]), "in": m, "out": n,
+                            "params": m * n + (n if layer.use_bias else 0)}  # fmt: skip
+        return out
 
     def input_shapes(self, params: PyTree, state: PyTree, x: Any) -> dict[str, tuple[int, ...]]:
         """Each layer's input shape for an input like ``x`` (shapes alone: nothing runs)."""

@@ -71,6 +71,7 @@ class PredictOptions:
     servers: int = _opt(1, Int(min=1, max=1 << 16))  # ps
     ps_mode: str = _opt("sync", Choice(PS_MODES))  # ps
     ps_groups: int = _opt(1, Int(min=1, max=1 << 10))  # ps hierarchical: learner groups
+    sfb: str = _opt("off", Choice(("off", "auto", "all")))  # data: sufficient factors
     topology: str = _opt("ring", Text())  # decentralized
     # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     optimizer_words: int = _opt(1, Int(min=0, max=8))

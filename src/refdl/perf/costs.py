@@ -25,11 +25,13 @@ from typing import Any
 from refdl.comm.topology import adjacency
 from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
+from refdl.core.layers import sfb_mode
 from refdl.errors import UsageError
 from refdl.parallel.schedule import bubble as bubble_fraction
 from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
 from refdl.perf.collectives import (
     ALLREDUCE,
+    Link,
     allgather_ring,
     allreduce_ring,
     neighbour_exchange,
@@ -146,7 +148,10 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
         return ALLREDUCE[algo](n, workers, _link(hw, workers, opts))
 
     comm = allreduce(m.param_bytes)
-    if opts.bucket_mb > 0 and workers > 1:
+    if opts.sfb != "off" and workers > 1:
+        comm = sufficient_factors(m, b, workers, opts, allreduce, _link(hw, workers, opts))
+        comm_s = exposed(comm, t, opts.overlap)
+    elif opts.bucket_mb > 0 and workers > 1:
         step = bucketed_step(t, m.layer_param_bytes, allreduce, cap=opts.bucket_mb * 2**20)
         comm_s = step.exposed_s
     else:
@@ -160,6 +165,24 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
         flops=m.flops(b),
         comm_bytes=wire,
     )
+
+
+def sufficient_factors(
+    m: ModelCost, b: float, p: int, opts: PredictOptions, allreduce: Any, link: Link
+) -> float:
+    """``--sfb``: a fully connected layer whose gathered factors (``p (p-1) 4 r (in+out)``
+    bytes for its ``r`` rows on a device) undercut its gradient's ring all-reduce (``auto``;
+    every such layer with ``all``) is an all-gather of them; the rest one all-reduce."""
+    if not m.dense_layers:
+        raise UsageError(f"--sfb prices fully connected layers; {m.name} is a shape-only "
+                         "model: use a refdl model (refdl predict models)")  # fmt: skip
+    rest, gathers = m.param_bytes, 0.0
+    for rows, n_in, n_out, params in m.dense_layers:
+        factors = p * (p - 1) * 4 * rows * b * (n_in + n_out)
+        if sfb_mode(opts.sfb, factors, 2 * (p - 1) * 4 * params) == "factors":
+            rest -= 4 * params
+            gathers += allgather_ring(factors / (p - 1), p, link)
+    return allreduce(max(rest, 0.0)) + gathers
 
 
 @COSTS.register("fsdp")

@@ -75,6 +75,9 @@ class ModelCost:
     # the model as a transformer shape (``refdl.perf.transformer``), where it is one: what
     # the context, expert and sequence-parallel terms and the recomputation need
     transformer: TransformerShape | None = None
+    # fully connected layers: (rows per sample, in, out, parameters), what sufficient-
+    # factor broadcasting prices (``--sfb``); empty for shape-only models
+    dense_layers: tuple[tuple[int, int, int, int], ...] = ()
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -246,7 +249,18 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         op_class=op_class,
         layer_param_bytes=order,
         transformer=transformer_shape(task.model.layers),
+        dense_layers=_dense_layers(task),
     )
+
+
+def _dense_layers(task: Any) -> tuple[tuple[int, int, int, int], ...]:
+    """``(rows per sample, in, out, parameters)`` of each fully connected layer."""
+    if not hasattr(task.model, "dense_layers"):
+        return ()
+    params, state = task.model.abstract_variables(task.sample_x)
+    x = jax.ShapeDtypeStruct((1, *np.shape(task.sample_x)[1:]), np.asarray(task.sample_x).dtype)
+    return tuple((d["rows"], d["in"], d["out"], d["params"])
+                 for d in task.model.dense_layers(params, state, x).values())  # fmt: skip
 
 
 def transformer_shape(layers: Any) -> TransformerShape | None:

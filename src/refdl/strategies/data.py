@@ -25,7 +25,6 @@ microbatches).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -36,7 +35,7 @@ from refdl.comm.allreduce import allreduce_mean, analytic_bytes
 from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
-from refdl.core.layers import Dense, batch_axis, param_count, sufficient_factors
+from refdl.core.layers import batch_axis, param_count, sfb_mode, sufficient_factors
 from refdl.core.state import TrainState, place
 from refdl.strategies.base import Batch, History, Strategy, last, register
 
@@ -141,19 +140,19 @@ class DataParallel(Strategy):
         params, state = model.abstract_variables(task.sample_x)
         b = self.spec.batch_size // (self.p * self.plan.microbatches)
         x = jax.ShapeDtypeStruct((b, *task.sample_x.shape[1:]), task.sample_x.dtype)
-        shapes = model.input_shapes(params, state, x)
         out = {}
-        for key, layer in zip(model.keys, model.layers, strict=True):
-            if not isinstance(layer, Dense):
-                continue
-            m, n = params[key]["kernel"].shape
-            rows = math.prod(shapes[key][:-1])
-            factors = self.plan.microbatches * self.p * (self.p - 1) * 4 * rows * (m + n)
-            size = m * n + (n if layer.use_bias else 0)
-            gradient = analytic_bytes(self.spec.allreduce, 4 * size, self.p)
-            mode = "factors" if self.spec.sfb == "all" or factors < gradient else "gradient"
-            out[key] = {"mode": mode, "rows": rows, "in": m, "out": n, "params": size,
-                        "factor_bytes": factors, "gradient_bytes": gradient}  # fmt: skip
+        for key, d in model.dense_layers(params, state, x).items():
+            factors = (
+                self.plan.microbatches
+                * self.p
+                * (self.p - 1)
+                * 4
+                * d["rows"]
+                * (d["in"] + d["out"])
+            )
+            gradient = analytic_bytes(self.spec.allreduce, 4 * d["params"], self.p)
+            mode = sfb_mode(self.spec.sfb, factors, gradient)
+            out[key] = {"mode": mode, **d, "factor_bytes": factors, "gradient_bytes": gradient}
         return out
 
     def analytic_comm_bytes(self) -> int:
