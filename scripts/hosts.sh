@@ -27,11 +27,13 @@ MAX=16
 die() { echo "hosts.sh: $*" >&2; exit 2; }
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"; }
 hosts() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" | sort -V || true; }
-# SIGKILL a process on a test host; Open MPI's session folder of a killed launcher or
-# daemon (/tmp/ompi.PID, /tmp/prted.PID) is removed too, as its own exit would have.
-kill_pid() {
-  kill -9 "$1" 2>/dev/null || true
-  rm -rf "${TMPDIR:-/tmp}/ompi.$1" "${TMPDIR:-/tmp}/prted.$1"
+# SIGKILL every process on a test host at once (a host's processes die together), then
+# remove the Open MPI session folders of a killed launcher or daemon (/tmp/ompi.PID,
+# /tmp/prted.PID), as their own exits would have.
+kill_all() {
+  local pids; pids="$(ip netns pids "$1" 2>/dev/null || true)"
+  for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in $pids; do rm -rf "${TMPDIR:-/tmp}/ompi.$pid" "${TMPDIR:-/tmp}/prted.$pid"; done
 }
 addr_of() { echo "$SUBNET.$((10 + ${1#"$PREFIX"}))"; }
 
@@ -74,7 +76,7 @@ up() {
 down() {
   need_root
   for h in $(hosts); do
-    for pid in $(ip netns pids "$h" 2>/dev/null); do kill_pid "$pid"; done
+    kill_all "$h"
   done
   sleep 0.2
   for h in $(hosts); do
@@ -131,7 +133,7 @@ case "${1:-}" in
     case "$1" in
       cut) ip -n "$NET" link set "h${h#"$PREFIX"}" down ;;
       mend) ip -n "$NET" link set "h${h#"$PREFIX"}" up ;;
-      kill) for pid in $(ip netns pids "$h"); do kill_pid "$pid"; done ;;
+      kill) kill_all "$h" ;;
     esac ;;
   list) for h in $(hosts); do echo "$h $(addr_of "$h")"; done ;;
   *) die "usage: hosts.sh up N | down | agent HOST CMD... | shell HOST | cut|mend|kill HOST | list" ;;

@@ -23,6 +23,7 @@ import pytest
 
 from conftest import ROOT
 from refdl.errors import UsageError
+from refdl.parallel import liveness
 from refdl.parallel.hosts import Host, mpirun_on_hosts, parse_hosts, read_hostfile
 from refdl.parallel.processes import expand_nodelist
 from refdl.run.checkpoint import load_leaves
@@ -330,3 +331,22 @@ def test_a_partial_slurm_environment_is_one_line_on_every_task(tmp_path, slurm):
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("refdl.train: error:")]
     assert len(said) == 2 and all("SLURM_NTASKS missing" in ln for ln in said), proc.stderr
     assert not out.exists()
+
+
+def test_the_launcher_reads_rank_0s_record_then_its_early_word_then_the_others(
+    tmp_path, monkeypatch
+):
+    """A lost host's daemon makes mpirun end rank 0 while it gathers who else went: its
+    early word (record.0) must still outrank another rank's view (record.2), and the full
+    record outrank both; the first write of each wins."""
+    record = tmp_path / "record"
+    monkeypatch.setenv(liveness.RECORD_VAR, str(record))
+    assert liveness.read_record(record) is None
+    liveness.record_for_launcher("rank 0 was lost (silent)", rank=12)
+    liveness.record_for_launcher("rank 0 was lost (silent)", rank=2)
+    assert liveness.read_record(record) == "rank 0 was lost (silent)"
+    liveness.record_for_launcher("rank 2 on refdl-h2 was lost", early=True)
+    liveness.record_for_launcher("rank 3 on refdl-h2 was lost", early=True)  # not written
+    assert liveness.read_record(record) == "rank 2 on refdl-h2 was lost"
+    liveness.record_for_launcher("ranks 2, 3 on refdl-h2 were lost")
+    assert liveness.read_record(record) == "ranks 2, 3 on refdl-h2 were lost"

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from refdl.errors import UsageError
 
@@ -126,14 +127,21 @@ class _Root(Monitor):
 
     def _lose(self, r: int, why: str) -> None:
         """Rank ``r`` is lost: the ranks that go with it (a host's processes die together)
-        are gathered for a moment, then every rank is told."""
-        lost = {r} | self._also_gone(GATHER_S)
+        are gathered for a moment, then every rank is told. mpirun, losing that host's
+        daemon at the same moment, ends this rank 0.25 s after its SIGTERM - sooner than
+        the gather - so what is known at once is left for the launcher first."""
+        early = {r} | self._also_gone(0.02)
+        record_for_launcher(f"{self._lost_line(early, why)}, after step {self.step}", early=True)
+        lost = early | self._also_gone(GATHER_S)
         since = min(self.heard.get(k, self.started) for k in lost)
+        self._fail(self._lost_line(lost, why), self._tell, since)
+
+    def _lost_line(self, lost: set[int], why: str) -> str:
         by_host = {h: [k for k in sorted(lost) if self.hosts[k] == h] for h in self.hosts}
         parts = [f"rank{'s' * (len(ks) > 1)} {', '.join(map(str, ks))} on {h}"
                  for h, ks in by_host.items() if ks]  # fmt: skip
         were = "were" if len(lost) > 1 else "was"
-        self._fail(f"{' and '.join(parts)} {were} lost ({why})", self._tell, since)
+        return f"{' and '.join(parts)} {were} lost ({why})"
 
     def _also_gone(self, seconds: float) -> set[int]:
         """The ranks whose connections close within ``seconds`` (a goodbye meanwhile
@@ -274,17 +282,18 @@ class _Member(Monitor):
         _send(self.sock, b"BYE\n")
 
 
-def record_for_launcher(line: str, rank: int = 0) -> None:
+def record_for_launcher(line: str, rank: int = 0, early: bool = False) -> None:
     """Leave ``line`` where ``refdl launch`` looks after mpirun ends (``RECORD_VAR``): mpirun
     may end the ranks before their output reaches it, and exit 0 when a host's daemon is
     lost. Rank 0 (or a rank it told) writes the record itself; a rank that lost rank 0
     writes ``record.RANK``, read only when there is no record (when a link goes down both
-    sides see the other fall silent: rank 0's side is the run's). The first write wins;
-    nothing if not launched that way."""
+    sides see the other fall silent: rank 0's side is the run's). ``early``: rank 0's
+    first word, ``record.0``, before it gathers who else went (read before the others'
+    when rank 0 was ended meanwhile). The first write wins; nothing if not launched."""
     path = os.environ.get(RECORD_VAR)
     if not path:
         return
-    if rank:
+    if rank or early:
         path = f"{path}.{rank}"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -292,6 +301,17 @@ def record_for_launcher(line: str, rank: int = 0) -> None:
         return
     with os.fdopen(fd, "w") as f:
         f.write(line + "\n")
+
+
+def read_record(path: Path) -> str | None:
+    """The launcher's reading of the records: rank 0's, else its early word (``.0``), else
+    the lowest other rank's; None when no rank left one."""
+    found = (
+        [path]
+        if path.exists()
+        else sorted(path.parent.glob(f"{path.name}.*"), key=lambda p: int(p.suffix[1:] or 0))
+    )
+    return found[0].read_text(errors="replace").strip() if found else None
 
 
 def start(comm, hosts: list[str], name: str, local: bool, timeout_s: float, prog: str) -> Monitor:

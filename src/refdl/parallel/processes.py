@@ -440,9 +440,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
                     status = proc.wait()
         if subreaper:  # mpirun exits when it loses a host's daemon, its ranks still running
             _reap_orphans(LOST_GRACE_S)
-        found = [record] if record.exists() else sorted(scratch.glob("record.*"))
-        if found:  # rank 0's finding, else another rank's
-            line = found[0].read_text(errors="replace").strip()
+        line = liveness.read_record(record)
+        if line is not None:
             print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
         return status
