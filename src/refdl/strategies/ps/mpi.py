@@ -84,14 +84,8 @@ class Server:
         The update is ``ParameterServer.update``, the very compiled function the simulator
         runs, so a replay of the recorded arrival order reproduces the run bit for bit
         (asynchronous runs amplify even one-ulp differences)."""
-        ps, comm, s = self.ps, self.comm, self.s
-        size = ps.layout.group_sizes[s] + TRAILER
-        receive = jax.jit(
-            lambda: mpi4jax.recv(
-                jnp.zeros(size), self.MPI.ANY_SOURCE, tag=GRAD, comm=comm, status=self.status
-            )
-        )
-        unpack = jax.jit(lambda msg: ps.layout.unflat(msg[:-TRAILER], s))
+        ps = self.ps
+        receive, unpack = self._receive_any()
         pack = jax.jit(ps.layout.flat)
 
         def apply_one(leaves, opt):
@@ -101,9 +95,9 @@ class Server:
 
         return apply_one
 
-    def _softsync_fn(self):
-        """Receive one gradient from any worker and add it, weighted, to the running sum
-        (``ParameterServer.accumulate``: the simulator's compiled function)."""
+    def _receive_any(self):
+        """Compiled: receive one gradient message from any worker (its source then in
+        ``self.status``), and unpack a message into this server's shard."""
         ps, comm, s = self.ps, self.comm, self.s
         size = ps.layout.group_sizes[s] + TRAILER
         receive = jax.jit(
@@ -117,8 +111,8 @@ class Server:
     def _softsync_one(self, losses: list[float]) -> None:
         """One arrival; on every c-th, the update and the replies to its contributors."""
         ps = self.ps
-        if "softsync" not in self._fns:
-            self._fns["softsync"] = self._softsync_fn()
+        if "softsync" not in self._fns:  # adds with ParameterServer.accumulate, as simulated
+            self._fns["softsync"] = self._receive_any()
         receive, unpack = self._fns["softsync"]
         if self.acc is None:
             self.acc, self.chunk = [jnp.zeros_like(x) for x in self.leaves], []

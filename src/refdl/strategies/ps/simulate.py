@@ -61,6 +61,15 @@ class Simulator:
         self.snapshots = {0: state.params}
         self.version = 0
 
+    def _gradient(self, w: int, clock: int, v: int) -> tuple[Any, Any]:
+        """Worker ``w``'s loss and gradient of ``clock`` at the parameters of version ``v``
+        (a snapshot kept until its last reader has read it)."""
+        read = self.snapshots[v]
+        self.needed[v] -= 1
+        if not self.needed[v]:
+            del self.snapshots[v]
+        return self.ps.grads(read, self.ps.share(clock, w))
+
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
         ps = self.ps
         step = int(np.asarray(state.step))
@@ -82,11 +91,7 @@ class Simulator:
             done, last = len(self.trace), len(self.events) - 1
             for i in range(done, done + ps.w):  # an update closes where update_of moves on
                 w, clock, v = self.events[i]
-                read = self.snapshots[v]
-                self.needed[v] -= 1
-                if not self.needed[v]:
-                    del self.snapshots[v]
-                loss, grads = ps.grads(read, ps.share(clock, w))
+                loss, grads = self._gradient(w, clock, v)
                 losses.append(loss)
                 if self.acc is None:
                     self.acc = [[jnp.zeros_like(x) for x in g] for g in groups]
@@ -106,11 +111,7 @@ class Simulator:
                 self._begin(state, step)
             done = len(self.trace)
             for w, clock, v in self.events[done : done + ps.w]:
-                read = self.snapshots[v]
-                self.needed[v] -= 1
-                if not self.needed[v]:
-                    del self.snapshots[v]
-                loss, grads = ps.grads(read, ps.share(clock, w))
+                loss, grads = self._gradient(w, clock, v)
                 losses.append(loss)
                 gsplit = ps.layout.split(grads)
                 for s in range(ps.k):
