@@ -120,3 +120,10 @@ def test_bench_microbatch_runs_and_keeps_the_gradients(tmp_path):
     bad = subprocess.run([*cmd[:5], "--mode", "both"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "choose layer or shared" in bad.stderr
+
+
+def test_the_predicted_step_never_goes_below_zero():
+    from refdl.bench.microbatch import predicted_step
+
+    assert predicted_step(10.0, 4.0, 3.0) == pytest.approx(9.0)  # 6 of the rest + 3
+    assert predicted_step(1.0, 4.0, 2.0) == pytest.approx(0.5)  # all conv: scaled by 2/4
