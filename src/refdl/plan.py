@@ -36,6 +36,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Int
 from refdl.errors import UsageError
 from refdl.perf import OPTIMIZER_WORDS
+from refdl.strategies import traits_of
 
 PROG = "refdl plan"
 MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
@@ -113,6 +114,8 @@ def row(p: Any, transformer: bool) -> dict[str, Any]:
     """One configuration as ``--json`` gives it."""
     c = p.config
     total = sum(p.terms.values())
+    runs = c.runnable(transformer)
+    flags = c.train_flags(transformer, traits_of(c.strategy(transformer))) if runs else None
     return {
         "mesh": c.mesh.as_dict(),
         "strategy": c.strategy(transformer),
@@ -131,7 +134,7 @@ def row(p: Any, transformer: bool) -> dict[str, Any]:
         "dominant_term": p.dominant,
         "dominant_share": p.terms[p.dominant] / total if total else None,
         "terms_s": p.terms,
-        "train_flags": c.train_flags(transformer) if c.runnable(transformer) else None,
+        "train_flags": flags,
         "description": c.describe(),
     }
 

@@ -136,8 +136,9 @@ def test_what_run_would_train_refdl_train_accepts():
         assert len(found) >= 20
         shape = None
         for p in found:
-            flags = ["--model", model, "--batch-size", "64", *p.config.train_flags(
-                m.transformer is not None)]  # fmt: skip
+            t = m.transformer is not None
+            traits = STRATEGIES.get(p.config.strategy(t)).traits
+            flags = ["--model", model, "--batch-size", "64", *p.config.train_flags(t, traits)]
             settings = given_settings(build_parser().parse_args(flags))
             check_given_options(settings, set(settings))
             spec = resolve(RunSpec.from_dict(settings, "the flags"))

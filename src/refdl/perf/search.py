@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from refdl.config.mesh import AXES, MeshSpec
+from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
 from refdl.perf import PredictOptions, intervals
@@ -103,15 +104,16 @@ class Config:
             return False
         return not (self.sequence_parallel and self.mesh.context > 1)
 
-    def train_flags(self, transformer: bool) -> list[str]:
-        """``refdl train`` flags that run it (see ``runnable``)."""
-        strategy = self.strategy(transformer)
-        flags = ["--strategy", strategy, "--devices", str(self.mesh.size)]
-        if strategy == "fsdp":
+    def train_flags(self, transformer: bool, traits: Traits) -> list[str]:
+        """``refdl train`` flags that run it (see ``runnable``) with the strategy of
+        ``strategy(transformer)``, whose ``traits`` say how it takes its layout: ZeRO's
+        stage, pipeline stages, or a mesh over several axes."""
+        flags = ["--strategy", self.strategy(transformer), "--devices", str(self.mesh.size)]
+        if "zero" in traits.options:
             flags += ["--zero", str(self.zero)]
-        elif strategy == "pipeline":
+        elif "stages" in traits.options:
             flags += ["--stages", str(self.mesh.pipe)]
-        elif strategy == "hybrid":
+        elif "mesh" in traits.options and len(traits.axes) > 1:
             flags += ["--mesh", self.mesh.text()]
         if self.mesh.pipe > 1 or self.microbatches > 1:
             flags += ["--microbatches", str(self.microbatches)]
