@@ -340,7 +340,8 @@ def main(argv=None) -> int:
     groups = {"own": run_own, "paper": run_paper, "gpt": run_gpt}
     for g in only:
         groups[g]()
-    print(f"wrote {out / 'gpu_steps.json'}")
+    (out / "gpu_steps.json").write_text(json.dumps(doc, indent=1))  # also when none matched
+    print(f"wrote {out / 'gpu_steps.json'}: {len(doc['cases'])} cases")
     return 0
 
 
