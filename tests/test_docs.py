@@ -33,6 +33,7 @@ STEPS = 20  # training steps a command gets here (its own --steps when smaller)
 # Commands that are not run here, and why (each is run elsewhere, or needs what CI lacks).
 NOT_RUN = {
     "bash scripts/setup.sh && .venv/bin/python -m pytest": "this very suite: .ci/run runs it",
+    # both ran as written on a lent H100 on 2026-11-26 (docs/bench/gpu/gpu_steps-2026-11-26.json)
     "scripts/bench_gpu.py": "needs a GPU (docs/benchmarks.md: run on a lent one)",
     "scripts/gpu_rows.py": "reads bench_gpu.py's output of a GPU run",
 }
