@@ -114,6 +114,8 @@ def test_bench_microbatch_runs_and_keeps_the_gradients(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["gradients_equal_rtol_1e-5"] and len(r["layers"]) == 2
+    assert r["gradients_precision"] == "highest" and r["gradients_max_relative_difference"] < 1e-5
+    assert 0 <= r["gradients_max_relative_difference_default_precision"] < 1e-5  # a CPU: fp32
     assert r["workspace_bytes_total"] <= 8 * 1024
     assert all(sum(b for _, b in x["split"]) == 4 for x in r["layers"])
     assert "predicted" in proc.stdout and r["step_predicted_s"] > 0
