@@ -81,8 +81,20 @@ def test_shipped_profiles_cover_the_seed_hardware():
         "h100-nvlink-ib-ndr",
         "p100-nvlink-roce25",
         "k80-pcie-10gbe",
+        "piz-daint",
     ):
         assert name in hw.names()
+
+
+def test_piz_daint_is_one_p100_a_node_on_aries():
+    """The profile states CSCS's measured GPU-to-GPU osu_bw (8765.65 MB/s) as the
+    achievable share of the Aries NIC's 10.2 GB/s, and a 64-node allreduce crosses it."""
+    prof = hw.load("piz-daint")
+    assert prof.devices_per_node == 1 and "intra" not in prof.links
+    inter = prof.links["inter"]
+    assert inter.bandwidth == 10.2e9
+    assert inter.achievable == pytest.approx(8765.65e6 / 10.2e9, abs=0.01)
+    assert prof.link(2) is inter and "osu" in inter.source
 
 
 def test_multi_node_profiles_switch_links_past_a_node():
