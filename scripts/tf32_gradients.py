@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from refdl.bench.microbatch import _largest_difference
+from refdl.bench.microbatch import conv_calls, grad_step, largest_difference, step_args
 from refdl.config.spec import RunSpec
 from refdl.core import conv
 from refdl.run.build import build
@@ -46,18 +46,13 @@ tf32.defvjp(lambda a: (to_tf32(a), None), lambda _, g: (to_tf32(g),))
 
 def gradients(run, impl: str, rounded: bool, batch_size: int):
     """The step's gradients with every convolution by ``impl`` (its inputs TF32 if asked)."""
-    state, batch = run.strategy.init_state(0), run.batch(0)
-    args = (state.params, state.model_state, batch)
-    recorder = conv.ConvPlan()
-    with conv.conv_plan(recorder):
-        jax.eval_shape(lambda p, m, b: run.task.accumulated_grads(p, m, b, 1)[:2], *args)
+    args = step_args(run)
+    plan = conv.ConvPlan([[(impl, batch_size)] for _ in conv_calls(run, args)])
     plain = conv.conv_impl
     if rounded:
         conv.conv_impl = lambda i, x, k, s, p: plain(i, tf32(x), tf32(k), s, p)
     try:
-        plan = conv.ConvPlan([[(impl, batch_size)] for _ in recorder.calls])
-        with conv.conv_plan(plan):
-            return jax.jit(lambda p, m, b: run.task.accumulated_grads(p, m, b, 1)[1])(*args)
+        return grad_step(run, args, plan)(*args)[1]
     finally:
         conv.conv_impl = plain
 
@@ -77,10 +72,10 @@ def main() -> int:
     }
     r = {
         "model": args.model, "batch": args.batch_size, "date": time.strftime("%Y-%m-%d"),
-        "fp32_xla_vs_im2col": _largest_difference(g["im2col", False], g["xla", False]),
-        "tf32_xla_vs_im2col": _largest_difference(g["im2col", True], g["xla", True]),
-        "tf32_xla_vs_fp32": _largest_difference(g["xla", True], g["xla", False]),
-        "tf32_im2col_vs_fp32": _largest_difference(g["im2col", True], g["xla", False]),
+        "fp32_xla_vs_im2col": largest_difference(g["im2col", False], g["xla", False]),
+        "tf32_xla_vs_im2col": largest_difference(g["im2col", True], g["xla", True]),
+        "tf32_xla_vs_fp32": largest_difference(g["xla", True], g["xla", False]),
+        "tf32_im2col_vs_fp32": largest_difference(g["im2col", True], g["xla", False]),
         "measure": "largest |difference| over the array's largest entry, over the arrays",
     }  # fmt: skip
     print(json.dumps(r, indent=1))

@@ -64,21 +64,34 @@ def conv_time(sig: tuple, impl: str, b: int, repeats: int) -> float:
     return _median_time(jax.jit(fwd_bwd), x, k, repeats=repeats)
 
 
-def _step(run: Any, plan: ConvPlan | None, precision: str | None = None) -> Any:
-    """The model's gradient step, compiled with every convolution by ``plan`` (and fp32
-    products at ``precision``: None is JAX's default, TF32 on a recent GPU)."""
+def step_args(run: Any) -> tuple[Any, Any, Any]:
+    """The gradient step's arguments: initial parameters, model state, the first batch."""
     state = run.strategy.init_state(0)
-    batch = run.batch(0)
+    return state.params, state.model_state, run.batch(0)
 
-    def grads(params, model_state, batch):
-        return run.task.accumulated_grads(params, model_state, batch, 1)[:2]
 
+def _grads(run: Any) -> Any:
+    return lambda params, model_state, batch: run.task.accumulated_grads(
+        params, model_state, batch, 1
+    )[:2]
+
+
+def conv_calls(run: Any, args: tuple) -> list[tuple]:
+    """Every convolution of the gradient step, in order (traced, not run)."""
+    recorder = ConvPlan()
+    with conv_plan(recorder):
+        jax.eval_shape(_grads(run), *args)
+    return recorder.calls
+
+
+def grad_step(run: Any, args: tuple, plan: ConvPlan | None, precision: str | None = None) -> Any:
+    """The model's gradient step for ``args``, compiled with every convolution by ``plan``
+    (and fp32 products at ``precision``: None is JAX's default, TF32 on a recent GPU)."""
     with conv_plan(plan or ConvPlan()), jax.default_matmul_precision(precision):
-        compiled = jax.jit(grads).lower(state.params, state.model_state, batch).compile()
-    return compiled, (state.params, state.model_state, batch)
+        return jax.jit(_grads(run)).lower(*args).compile()
 
 
-def _largest_difference(g: Any, reference: Any) -> float:
+def largest_difference(g: Any, reference: Any) -> float:
     """Over the arrays: the largest difference over the reference array's largest entry."""
     return max(
         float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-30))
@@ -93,11 +106,8 @@ def run_bench(model: str, batch: int, limit: float, policy: str, mode: str,
     if mode not in ("layer", "shared"):
         raise UsageError(f"--mode {mode!r}: choose layer or shared")
     run = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))
-    recorder = ConvPlan()
-    _, args = _step(run, None)
-    with conv_plan(recorder):
-        jax.eval_shape(lambda p, s, b: run.task.accumulated_grads(p, s, b, 1)[:2], *args)
-    calls = recorder.calls
+    args = step_args(run)
+    calls = conv_calls(run, args)
     if not calls:
         raise UsageError(f"--model {model} has no convolutions to divide")
     sizes = mb.sizes(batch, policy)
@@ -123,18 +133,17 @@ def run_bench(model: str, batch: int, limit: float, policy: str, mode: str,
     default = [measured[s][("im2col" if _default_im2col(s) else "xla", batch)] for s in calls]
     planned = [sum(measured[s][c] for c in split) for s, split in zip(calls, splits, strict=True)]
 
-    base, base_args = _step(run, None)
-    plan_step, _ = _step(run, ConvPlan(splits))
+    base, plan_step = grad_step(run, args, None), grad_step(run, args, ConvPlan(splits))
     t_base, t_plan = [], []
     for _ in range(3):  # side by side, alternating: a busy machine slows both alike
-        t_base.append(_median_time(base, *base_args, repeats=repeats))
-        t_plan.append(_median_time(plan_step, *base_args, repeats=repeats))
+        t_base.append(_median_time(base, *args, repeats=repeats))
+        t_plan.append(_median_time(plan_step, *args, repeats=repeats))
     t_base_s, t_plan_s = statistics.median(t_base), statistics.median(t_plan)
-    default_diff = _largest_difference(plan_step(*base_args)[1], base(*base_args)[1])
+    default_diff = largest_difference(plan_step(*args)[1], base(*args)[1])
     # the check itself: both steps again, fp32 products computed in fp32
-    g0 = _step(run, None, "highest")[0](*base_args)[1]
-    g1 = _step(run, ConvPlan(splits), "highest")[0](*base_args)[1]
-    diff = _largest_difference(g1, g0)
+    g0 = grad_step(run, args, None, "highest")(*args)[1]
+    g1 = grad_step(run, args, ConvPlan(splits), "highest")(*args)[1]
+    diff = largest_difference(g1, g0)
     exact = all(
         np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
         for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True)
