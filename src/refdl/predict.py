@@ -338,6 +338,9 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps-groups", type=int, default=1, help="ps hierarchical: learner groups")
     p.add_argument("--sfb", default="off", help="data: sufficient factors (off, auto, all)")
     p.add_argument("--topology", default="ring")
+    p.add_argument(
+        "--compress", help="decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4]"
+    )
     p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
     p.add_argument(
         "--overlap",
@@ -369,6 +372,10 @@ def _step_main(argv: list[str]) -> int:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        if args.compress and args.strategy != "decentralized":
+            raise UsageError("--compress prices decentralized's top-k messages; for data's "
+                             "sparse allreduce use predict collective --algo sparse "
+                             "--density D")  # fmt: skip
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits_of(args.strategy).axes else 1)
@@ -383,6 +390,7 @@ def _step_main(argv: list[str]) -> int:
             ps_groups=args.ps_groups,
             sfb=args.sfb,
             topology=args.topology,
+            compress=args.compress,
             optimizer_words=words[args.optimizer],
             overlap=0.0 if args.overlap is None else args.overlap,
             cp=args.cp,

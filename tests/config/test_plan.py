@@ -72,7 +72,7 @@ def test_plans_of_every_kind():
         ("model", {"devices": 5, "batch_size": 60}, "5-way split of layer 01_dense's mlp width 24"),
         ("model", {"devices": 16}, "16-way split of layer 01_dense's mlp width 24 (parameter"),
         ("single", {"allreduce": "ring"},
-         "--allreduce is an option of --strategy data, not of --strategy single"),
+         "--allreduce is an option of --strategy data, decentralized, not of --strategy single"),
         ("data", {"devices": 2, "preset": "owt"},
          "--preset is an option of --strategy hybrid, not of --strategy data"),
         ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "preset": "owt"},

@@ -174,6 +174,24 @@ def test_ps_and_decentralized_costs_grow_with_workers_and_degree():
     assert full == pytest.approx(ring * 7 / 2)
 
 
+def test_compressed_gossip_sends_the_top_k_message_to_each_neighbour():
+    """decentralized ``--compress topk:R[,q8|q4]`` (CHOCO-SGD): each of the 2 ring
+    neighbours gets ``k`` int32 indices and ``k`` values (fp32, or 4-bit codes and a scale)
+    instead of the replica; two more replicas of memory (the public copy and the mix)."""
+    m = toy()
+    n = int(m.param_bytes // 4)
+    k = -(-n // 100)
+    dense = K.decentralized(m, P100, 64, 8, PredictOptions())
+    fp32 = K.decentralized(m, P100, 64, 8, PredictOptions(compress="topk:0.01"))
+    q4 = K.decentralized(m, P100, 64, 8, PredictOptions(compress="topk:0.01,q4"))
+    assert fp32.comm_bytes == 2 * 8 * 8 * k
+    assert q4.comm_bytes == 2 * 8 * (4 * k + -(-k // 2) + 4)
+    assert dense.comm_s > fp32.comm_s > q4.comm_s > 0
+    assert fp32.memory_bytes == dense.memory_bytes + 2 * m.param_bytes
+    with pytest.raises(UsageError, match="top-k pairs"):
+        K.decentralized(m, P100, 64, 8, PredictOptions(compress="qsgd:4"))
+
+
 def test_shared_cores_scale_compute_by_the_devices_sharing_them():
     local = hw.load("local")
     assert local.device.shared_cores and local.device.dispatch_s > 0

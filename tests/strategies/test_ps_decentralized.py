@@ -182,6 +182,73 @@ def test_decentralized_ring_consensus_distance_is_reported(tmp_path):
     assert s["test_accuracy"] > 0.5
 
 
+# ------------------------------ decentralized, compressed gossip (CHOCO-SGD, sparse)
+
+CHOCO = {"model": "mlp", "strategy": "decentralized", "topology": "ring"}
+
+
+def test_compressed_gossip_of_every_entry_with_gamma_one_is_the_exact_mixing():
+    """``topk:1`` sends a replica's whole change, so every public copy is its replica; with
+    gamma 1 the step is the uncompressed ATC step (fp32, rtol 1e-5 / atol 1e-6)."""
+    _, dense = run_steps(4, devices=4, **CHOCO)
+    _, every = run_steps(4, devices=4, allreduce="sparse", compress="topk:1",
+                         consensus_step=1.0, **CHOCO)  # fmt: skip
+    leaves_close(every.params, dense.params)
+    _, top = run_steps(4, devices=4, allreduce="sparse", compress="topk:0.01", **CHOCO)
+    pairs = zip(jax.tree.leaves(top.params), jax.tree.leaves(dense.params), strict=True)
+    gap = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in pairs)
+    assert gap > 1e-3  # the check can fail: top-1 % moves the replicas elsewhere
+
+
+@pytest.mark.parametrize(
+    "compress", [pytest.param("topk:0.01", marks=pytest.mark.slow), "topk:0.01,q4"]
+)
+def test_compressed_gossip_devices_equal_serial_and_move_the_analytic_bytes(tmp_path, compress):
+    """The devices' executor (``ppermute``) and the serial one (``vmap``) take the same
+    steps, stochastic rounding included; the compiled step moves the analytic bytes:
+    8 messages (a ring of 4, both ways) of k int32 indices and k values (+ a scale)."""
+    kw = {**CHOCO, "allreduce": "sparse", "compress": compress}
+    _, par = run_steps(3, devices=4, **kw)
+    _, ser = run_steps(3, simulate=True, workers=4, **kw)
+    leaves_close(par.params, ser.params)
+    s = fit(RunSpec(**kw, devices=4, steps=3, out=str(tmp_path), **QUIET))
+    k = -(-s["sparse_message"]["n"] // 100)
+    value_bytes = 4 * k if compress == "topk:0.01" else -(-k // 2) + 4
+    assert s["sparse_message"]["k"] == k
+    analytic = 8 * (4 * k + value_bytes)
+    assert s["comm_bytes_per_step"] == s["comm_bytes_per_step_analytic"] == analytic
+    assert s["comm_bytes_per_step"] < 0.03 * 8 * s["sparse_message"]["dense_bytes"]
+    assert s["consensus_step"] == 0.1
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"allreduce": "ring"}, "not by an allreduce"),
+        ({"compress": "topk:0.01"}, "add --allreduce sparse"),
+        ({"consensus_step": 0.2}, "CHOCO-SGD"),
+        ({"allreduce": "sparse", "compress": "qsgd:4"}, "add --compress topk:RATIO"),
+        ({"allreduce": "sparse", "compress": "topk:0.01", "gossip": True}, "drop one"),
+    ],
+)
+def test_compressed_gossip_refusals_are_one_line(kw, says):
+    with pytest.raises(UsageError, match=says):
+        build(RunSpec(**CHOCO, devices=4, **kw))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compress", ["topk:0.01", "topk:0.01,q4"])
+def test_compressed_gossip_reaches_the_dense_band(tmp_path, compress):
+    """mlp, a ring of 4 devices, 300 steps: within 3 points of uncompressed gossip (the
+    band of the other compressed runs), with at most 2 % of its bytes (1 % of the entries,
+    8 B a pair against 4 B a value)."""
+    kw = {**CHOCO, "devices": 4, "steps": 300, "batch_size": 64, **QUIET}
+    dense = fit(RunSpec(**kw, out=str(tmp_path / "dense")))
+    s = fit(RunSpec(**kw, allreduce="sparse", compress=compress, out=str(tmp_path / "c")))
+    assert s["test_accuracy"] >= dense["test_accuracy"] - 0.03
+    assert s["comm_bytes_per_step"] < 0.0202 * dense["comm_bytes_per_step"]
+
+
 # --------------------------------------------------------- ps, one process
 
 
@@ -587,6 +654,25 @@ def test_mpi_hung_peer_aborts_every_rank_after_timeout(tmp_path):
     )
     assert proc.returncode != 0
     assert re.search(r"rank \d/2 made no progress for \d+ s \(limit --timeout 8\)", proc.stderr)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_mpi_compressed_gossip_equals_serial(tmp_path):
+    """Four ranks sending top-k messages (int32 indices, 4-bit codes, a scale: a send per
+    array) take the serial simulator's steps, stochastic rounding included."""
+    args = ("--strategy", "decentralized", "--model", "mlp", "--steps", "6", "--eval-every",
+            "0", "--batch-size", "60", "--allreduce", "sparse",
+            "--compress", "topk:0.01,q4")  # fmt: skip
+    mpi_ok(mpirun(4, *args, out=tmp_path / "mpi"))
+    serial = fit(RunSpec(strategy="decentralized", simulate=True, workers=4, model="mlp",
+                         steps=6, batch_size=60, allreduce="sparse", compress="topk:0.01,q4",
+                         out=str(tmp_path / "ser"), **QUIET))  # fmt: skip
+    assert_params_close(params_of(load_leaves(tmp_path / "mpi")),
+                        params_of(load_leaves(tmp_path / "ser")))  # fmt: skip
+    s = json.loads((tmp_path / "mpi" / "summary.json").read_text())
+    assert s["comm_bytes_per_step"] == serial["comm_bytes_per_step"]
+    assert s["consensus_distance"] == pytest.approx(serial["consensus_distance"], rel=1e-3)
 
 
 @pytest.mark.parametrize("topo,gossip", [("torus", False), ("ring", False), ("torus", True)])

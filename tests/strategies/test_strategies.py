@@ -163,7 +163,7 @@ def test_compressed_bytes_equal_analytic(tmp_path, codec):
         ({"strategy": "data", "devices": 2, "compress": "topk:2"}, "--compress 'topk:2'"),
         (
             {"strategy": "hybrid", "devices": 2, "allreduce": "ring"},
-            "--allreduce is an option of --strategy data, not of --strategy hybrid",
+            "--allreduce is an option of --strategy data, decentralized, not of --strategy hybrid",
         ),
         ({"strategy": "fsdp", "devices": 2, "zero": 0}, "--zero must be an integer in [1, 3]"),
         (

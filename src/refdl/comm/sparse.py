@@ -92,6 +92,17 @@ class SparseAllreduce:
             dense = jnp.zeros((self.n,), jnp.float32).at[idx].add(val)
         return dense
 
+    def pack(self, v: Array, key: Array) -> tuple[Array, ...]:
+        """The message of ``v``'s ``k`` largest-magnitude entries: ``(indices, *payload)``,
+        the values quantized as a sparse round sends them (one message, not a sum)."""
+        _, idx = jax.lax.top_k(jnp.abs(v), self.k)
+        return (idx.astype(jnp.int32), *self.quantize(v[idx], key))
+
+    def unpack(self, message: tuple[Array, ...]) -> Array:
+        """The dense ``n`` vector a ``pack`` message carries (zeros for an empty one)."""
+        val = self.dequantize(message[1:], message[0].shape[0])
+        return jnp.zeros((self.n,), jnp.float32).at[message[0]].add(val)
+
     def quantize(self, val: Array, key: Array) -> tuple[Array, ...]:
         """``(values,)`` in fp32, or ``(codes, scale)``: signed levels, 4-bit ones packed
         two to a byte."""

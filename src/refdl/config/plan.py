@@ -35,7 +35,7 @@ STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
     "stage_boundaries", "plot_schedule", "ps_mode", "servers", "ps_groups", "softsync_n",
     "staleness", "simulate", "workers", "ps_trace", "topology", "order", "gossip",
-    "straggler", "cp", "sequence_parallel", "sfb",
+    "consensus_step", "straggler", "cp", "sequence_parallel", "sfb",
 )  # fmt: skip
 
 
@@ -242,6 +242,29 @@ def check_sparse(spec: RunSpec, p: int) -> None:
                          "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
     if p & (p - 1):
         raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}")
+
+
+def check_compressed_gossip(spec: RunSpec) -> None:
+    """decentralized: neighbours exchange replicas, so its one ``--allreduce`` is
+    ``sparse`` (CHOCO-SGD's top-k messages), with a top-k codec and a fixed graph."""
+    if spec.allreduce not in ("xla", "sparse"):
+        raise UsageError(f"--allreduce {spec.allreduce}: decentralized averages with its "
+                         "neighbours, not by an allreduce; --allreduce sparse sends them "
+                         "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
+    if spec.allreduce != "sparse":
+        if spec.compress:
+            raise UsageError(f"--compress {spec.compress}: decentralized sends compressed "
+                             "replicas as top-k pairs; add --allreduce sparse")  # fmt: skip
+        if spec.consensus_step is not None:
+            raise UsageError("--consensus-step is CHOCO-SGD's, the compressed gossip; add "
+                             "--allreduce sparse --compress topk:RATIO")  # fmt: skip
+        return
+    if not (spec.compress or "").startswith("topk:"):
+        raise UsageError("--allreduce sparse sends the top-k of each replica's change; add "
+                         "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
+    if spec.gossip:
+        raise UsageError("--allreduce sparse keeps each neighbour's public copy over a fixed "
+                         "graph; --gossip changes the graph every step: drop one")  # fmt: skip
 
 
 def check_options(
@@ -499,6 +522,8 @@ def _worker_plan(
         )
     else:
         mode, workers = "spmd", spec.devices
+    if "allreduce" in traits.options:
+        check_compressed_gossip(spec)
     if spec.batch_size % (workers * m):
         raise UsageError(
             f"--batch-size {spec.batch_size} does not split into {workers} worker shares of "

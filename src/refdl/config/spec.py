@@ -159,7 +159,11 @@ class RunSpec:
         "mesh degrees, e.g. data=2,model=4 (-1 = the rest; default: all "
         "devices on the strategy's first axis)",
     )
-    allreduce: str = DEVICES("xla", Choice(ALLREDUCE), "data: allreduce algorithm")
+    allreduce: str = DEVICES(
+        "xla",
+        Choice(ALLREDUCE),
+        "data: allreduce algorithm; decentralized: sparse (top-k messages, CHOCO-SGD)",
+    )
     sfb: str = DEVICES(
         "off",
         Choice(("off", "auto", "all")),
@@ -255,6 +259,11 @@ class RunSpec:
         "atc", Choice(ORDERS), "decentralized: adapt-then-combine (atc) or combine-then-adapt"
     )
     gossip: bool = WORKERS(False, Flag(), "decentralized: random pairwise gossip per step")
+    consensus_step: float | None = WORKERS(
+        None,
+        Optional(Float(min=0.0, max=1.0, min_open=True)),
+        "decentralized --allreduce sparse: CHOCO-SGD's consensus step gamma (default 0.1)",
+    )
     straggler: str | None = WORKERS(
         None,
         Optional(Text()),

@@ -73,6 +73,8 @@ class PredictOptions:
     ps_groups: int = _opt(1, Int(min=1, max=1 << 10))  # ps hierarchical: learner groups
     sfb: str = _opt("off", Choice(("off", "auto", "all")))  # data: sufficient factors
     topology: str = _opt("ring", Text())  # decentralized
+    # decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4] (default: replicas)
+    compress: str | None = _opt(None, Optional(Text()))
     # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     optimizer_words: int = _opt(1, Int(min=0, max=8))
     # share of the step's compute that communication may hide behind

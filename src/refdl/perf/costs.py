@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from refdl.comm.compress import make_codec
 from refdl.comm.topology import adjacency
 from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
@@ -419,18 +420,29 @@ def decentralized(
     m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions
 ) -> CostBreakdown:
     """Each worker computes B/P, then sends its replica to each graph neighbour through
-    its one link (serialised: ``d (alpha + n beta)``, d the mean degree)."""
+    its one link (serialised: ``d (alpha + n beta)``, d the mean degree); with
+    ``--compress topk:..`` CHOCO-SGD's message of top-k pairs instead (its selection's
+    own time is not priced)."""
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, b))  # fmt: skip
     degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
     link = _link(hw, workers, opts)
-    comm = degree * neighbour_exchange(m.param_bytes, 1, link) if workers > 1 else 0.0
-    mem = _state_bytes(m, opts) + m.param_bytes + b * m.activation_bytes_per_sample
+    message, copies = m.param_bytes, 0
+    if opts.compress:  # CHOCO keeps a public copy and its neighbours' mix: 2 more replicas
+        codec = make_codec(opts.compress)
+        if codec.kind != "topk":
+            raise UsageError(f"--compress {opts.compress}: decentralized sends top-k pairs; "
+                             "use topk:RATIO[,q8|q4]")  # fmt: skip
+        values = max(1, int(m.param_bytes // 4))
+        sparse = codec.sparse(values, max(workers, 1))
+        message, copies = sparse.message_bytes(sparse.k), 2
+    comm = degree * neighbour_exchange(message, 1, link) if workers > 1 else 0.0
+    mem = _state_bytes(m, opts) + (1 + copies) * m.param_bytes
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
-        memory_bytes=int(mem),
+        memory_bytes=int(mem + b * m.activation_bytes_per_sample),
         flops=m.flops(b),
-        comm_bytes=degree * workers * m.param_bytes,
+        comm_bytes=degree * workers * message,
     )

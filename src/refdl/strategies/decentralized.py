@@ -10,7 +10,15 @@ and mixes parameters with its neighbours through a doubly stochastic ``W``
   un-mixed replica, so computing it can overlap the exchange;
 - ``--gossip``: randomized pairwise gossip (Boyd et al. 2006): each step one
   random matching of the graph's edges, matched pairs average, the rest keep
-  their replica - the inconsistent, cheaper variant.
+  their replica - the inconsistent, cheaper variant;
+- ``--allreduce sparse --compress topk:RATIO[,q8|q4]``: compressed gossip, CHOCO-SGD
+  (Koloskova et al., ICML'19) with SparCML's messages. Worker i keeps a public copy
+  ``xh_i`` of its replica, which every neighbour can rebuild, and ``s_i = sum_j W_ij xh_j``;
+  it sends only ``q_i``, the top-k of ``x_i - xh_i`` as (index, value) pairs (values
+  optionally quantized by stochastic rounding), then ``xh_i += q_i``,
+  ``s_i += sum_j W_ij q_j`` and ``x_i += gamma (s_i - xh_i)`` (``--consensus-step``).
+  All ``xh`` start at the common initial replica. With ``topk:1`` and ``gamma`` 1 it is
+  the exact mixing above.
 
 Three executors of the same replica step and the same mixing (``Decentralized.mix``,
 written once against an ``Exchange``): one process with a replica per device
@@ -38,6 +46,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from refdl.comm import topology
+from refdl.comm.compress import make_codec
+from refdl.comm.measure import collective_bytes
 from refdl.config.mesh import MeshSpec
 from refdl.config.plan import Traits
 from refdl.config.spec import straggler_of
@@ -48,6 +58,7 @@ from refdl.parallel.processes import comm, data_comm, launched_rank
 from refdl.strategies.base import Batch, FirstCall, History, Strategy, last, register
 
 AXIS = "data"  # the replica axis: devices under shard_map, replicas under vmap
+DEFAULT_CONSENSUS_STEP = 0.1  # CHOCO's gamma: chosen on mlp, ring of 4 (docs/strategies.md)
 
 
 class Exchange(Protocol):
@@ -91,18 +102,23 @@ class Messages:
         return self.rank
 
     def __call__(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
-        import mpi4jax
-
-        flat, unravel = ravel_pytree(tree)
         dest = next((d for s, d in pairs if s == self.rank), None)
         src = next((s for s, d in pairs if d == self.rank), None)
+        if len({x.dtype for x in jax.tree.leaves(tree)}) > 1:  # a message: a send per leaf
+            return jax.tree.map(lambda x: self._one(x, src, dest), tree)
+        flat, unravel = ravel_pytree(tree)
+        return unravel(self._one(flat, src, dest))
+
+    def _one(self, x: Any, src: int | None, dest: int | None) -> Any:
+        import mpi4jax
+
         if dest is not None and src is not None:
-            return unravel(mpi4jax.sendrecv(flat, flat, source=src, dest=dest, comm=self.comm))
+            return mpi4jax.sendrecv(x, x, source=src, dest=dest, comm=self.comm)
         if dest is not None:
-            mpi4jax.send(flat, dest, comm=self.comm)
+            mpi4jax.send(x, dest, comm=self.comm)
         if src is not None:
-            return unravel(mpi4jax.recv(flat, src, comm=self.comm))
-        return unravel(jnp.zeros_like(flat))
+            return mpi4jax.recv(x, src, comm=self.comm)
+        return jnp.zeros_like(x)
 
 
 def complete(pairs: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -135,12 +151,16 @@ def replica_mean(tree: Any) -> Any:
     )
 
 
+WORKER_OPTIONS = ("topology", "order", "gossip", "simulate", "workers", "straggler",
+                  "allreduce", "compress", "consensus_step")  # fmt: skip
+
+
 @register("decentralized")
 class Decentralized(Strategy):
     """Neighbour averaging over a graph; synchronous steps, no central state."""
 
     traits = Traits(
-        options=frozenset({"topology", "order", "gossip", "simulate", "workers", "straggler"}),
+        options=frozenset(WORKER_OPTIONS),
         multiprocess="mpi",
         workers=True,
         modes=("spmd", "mpi", "simulate"),
@@ -158,6 +178,10 @@ class Decentralized(Strategy):
         self.matchings = topology.matchings(self.adj)
         self.straggler = straggler_of(spec.straggler)
         self.n_params = param_count(task.model.abstract_params(task.sample_x))
+        self.sparse = None  # with --allreduce sparse: the messages' top-k and value bits
+        if spec.allreduce == "sparse":
+            self.sparse = make_codec(spec.compress).sparse(self.n_params, self.n)
+            self.gamma = spec.consensus_step or DEFAULT_CONSENSUS_STEP
         if self.mode == "spmd":
             self.mesh = MeshSpec(data=self.n).make(devices)
             self.sharding = NamedSharding(self.mesh, P(AXIS))
@@ -169,7 +193,11 @@ class Decentralized(Strategy):
     # ----- state: replicas stacked on a leading axis (one per rank under MPI) -----
 
     def host_template(self, seed: int) -> TrainState:
-        return stack(to_host(self.task.init_state(seed)), self.n)
+        state = to_host(self.task.init_state(seed))
+        if self.sparse is not None:  # CHOCO's public copy and its mix, at the start replica
+            flat = np.asarray(ravel_pytree(state.params)[0], np.float32)
+            state = state.replace(extras={"public": flat, "mixed": flat.copy()})
+        return stack(state, self.n)
 
     def place_state(self, host_state: TrainState) -> TrainState:
         if self.mode == "mpi":
@@ -202,33 +230,59 @@ class Decentralized(Strategy):
     def _step_with(self, exchange, state: TrainState, batch: Batch, matching: int | None):
         """The algorithm for one replica; ``exchange`` moves a tree between replicas."""
         loss, grads, model_state = self._local(state, batch)
-        mix = functools.partial(self.mix, exchange=exchange, matching=matching)
-        if self.spec.order == "cta":
-            mixed = state.replace(params=mix(state.params))
-            return self.task.apply_gradients(mixed, grads, model_state), loss
-        new = self.task.apply_gradients(state, grads, model_state)
-        return new.replace(params=mix(new.params)), loss
 
-    def mix(self, params: Any, *, exchange: Exchange, matching: int | None = None) -> Any:
+        def mix(state: TrainState) -> TrainState:
+            if self.sparse is not None:
+                return self.compressed_mix(state, exchange=exchange)
+            return state.replace(params=self.mix(state.params, exchange=exchange,
+                                                 matching=matching))  # fmt: skip
+
+        if self.spec.order == "cta":
+            mixed = mix(state)
+            return self.task.apply_gradients(mixed, grads, model_state), loss
+        return mix(self.task.apply_gradients(state, grads, model_state)), loss
+
+    def mix(
+        self, params: Any, *, exchange: Exchange, matching: int | None = None, unpack=None
+    ) -> Any:
         """``sum_j W_ij x_j`` for this replica ``i``: W's diagonal times its own parameters
         plus one exchange per neighbour shift; under ``--gossip`` the step's random
         matching instead (matched pairs average, the rest keep theirs). The one mixing of
         every executor: ``exchange(tree, pairs)`` returns, on each replica, the tree sent to
-        it along ``pairs`` (zeros where none is), and ``exchange.index`` is this replica."""
+        it along ``pairs`` (zeros where none is), and ``exchange.index`` is this replica.
+        ``unpack``: what is sent is a message, and this its value (default: itself)."""
         n, i = self.n, exchange.index()
+        unpack = unpack or (lambda tree: tree)
         if matching is not None:
             partner = self.matchings[matching]
             pairs = [(j, p) for j, p in enumerate(partner) if p >= 0]
             half = jnp.asarray([0.5 if p >= 0 else 0.0 for p in partner], jnp.float32)[i]
-            recv = exchange(params, pairs)
-            return jax.tree.map(lambda x, r: (1 - half) * x + half * r, params, recv)
+            recv = unpack(exchange(params, pairs))
+            return jax.tree.map(lambda x, r: (1 - half) * x + half * r, unpack(params), recv)
         w = jnp.asarray(self.w, jnp.float32)
-        out = jax.tree.map(lambda x: w[i, i] * x, params)
+        out = jax.tree.map(lambda x: w[i, i] * x, unpack(params))
         for s in self.shifts:
             pairs = [(j, (j + s) % n) for j in range(n) if self.adj[(j + s) % n, j]]
-            recv = exchange(params, pairs)
+            recv = unpack(exchange(params, pairs))
             out = jax.tree.map(lambda o, r, c=w[i, (i - s) % n]: o + c * r, out, recv)
         return out
+
+    def compressed_mix(self, state: TrainState, *, exchange: Exchange) -> TrainState:
+        """CHOCO-SGD's gossip step: send the top-k of ``x_i - xh_i`` to the neighbours,
+        add it to ``xh_i`` and the mix of everyone's to ``s_i``, move ``gamma (s_i - xh_i)``.
+        The quantizer's key differs per replica and step (stochastic rounding)."""
+        flat, unravel = ravel_pytree(state.params)
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        message = self.sparse.pack(flat - state.extras["public"], jax.random.fold_in(
+            key, exchange.index()))  # fmt: skip
+        public = state.extras["public"] + self.sparse.unpack(message)
+        mixed = state.extras["mixed"] + self.mix(
+            message, exchange=exchange, unpack=self.sparse.unpack
+        )
+        return state.replace(
+            params=unravel(flat + self.gamma * (mixed - public)),
+            extras={"public": public, "mixed": mixed},
+        )
 
     def _spmd_fn(self, matching: int | None):
         """shard_map step: each device one replica, ``ppermute`` between devices."""
@@ -287,12 +341,20 @@ class Decentralized(Strategy):
         return [c for c in (f.compiled() for f in self._fns.values()) if c is not None]
 
     def _comm_bytes(self, matching: int | None) -> int:
-        """Bytes all workers send in one step: each sends its fp32 replica to each neighbour."""
+        """Bytes all workers send in one step: each sends its fp32 replica to each neighbour
+        (with ``--allreduce sparse``, its top-k message)."""
         if matching is not None:
             messages = sum(p >= 0 for p in self.matchings[matching])
         else:
             messages = int(self.adj.sum())
+        if self.sparse is not None:
+            return messages * self.sparse.message_bytes(self.sparse.k)
         return 4 * self.n_params * messages
+
+    def _wire_bytes(self) -> int | None:
+        """Bytes the compiled step's ``ppermute``s move (devices only; one program)."""
+        steps = self.compiled_steps() if self.mode == "spmd" and not self.spec.gossip else []
+        return collective_bytes(steps[0].as_text(), self.n).get("total", 0) if steps else None
 
     # ----- metrics and summary -----
 
@@ -310,7 +372,7 @@ class Decentralized(Strategy):
         return {"consensus_distance": value}
 
     def summary(self, history: History) -> dict[str, Any]:
-        return {
+        out = {
             "workers": self.n,
             "executor": self.mode,
             "topology": self.spec.topology,
@@ -323,6 +385,18 @@ class Decentralized(Strategy):
             "comm_bytes_per_step": self._comm_bytes(None) if not self.spec.gossip else None,
             "comm_bytes_per_step_analytic": self._comm_bytes(None),
         }
+        wire = self._wire_bytes()
+        if wire is not None:
+            out["comm_bytes_per_step"] = wire
+        if self.sparse is not None:
+            out["compress"] = self.spec.compress
+            out["consensus_step"] = self.gamma
+            out["sparse_message"] = {
+                "n": self.sparse.n, "k": self.sparse.k, "value_bits": self.sparse.bits,
+                "bytes": self.sparse.message_bytes(self.sparse.k),
+                "dense_bytes": 4 * self.n_params,
+            }  # fmt: skip
+        return out
 
 
 @jax.jit
