@@ -29,6 +29,7 @@ from typing import Any
 
 from refdl import hw, plots
 from refdl.cli import Parser
+from refdl.comm.compress import SPARSE
 from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
@@ -242,13 +243,21 @@ def collective_pair(
 
 
 def sparse_pair(
-    profile: Any, n: float, workers: int, density: float, value_bits: int, library: str | None
+    profile: Any,
+    n: float,
+    workers: int,
+    density: float,
+    value_bits: int,
+    library: str | None,
+    algo: str = "sparse",
 ) -> tuple[float, float]:
-    """(expected, bound) seconds of SparCML's sparse allreduce over one link level."""
+    """(expected, bound) seconds of SparCML's sparse allreduce over one link level (``algo``
+    sparse: recursive doubling; sparse-split: split-allgather)."""
     level = collective_level(profile, workers)[0]
     view, peak = profile.view("expected", library=library), profile.view("bound")
+    algorithm = SPARSE[algo]
     return tuple(  # type: ignore[return-value]
-        allreduce_sparse(n, workers, v.links[level].alpha_beta(), density, value_bits)
+        allreduce_sparse(n, workers, v.links[level].alpha_beta(), density, value_bits, algorithm)
         for v in (view, peak)
     )
 
@@ -271,14 +280,15 @@ def predict_collective(
     profile = hw.load(hw_name)
     if problem := Float(min=0.0).problem(n):
         raise UsageError(f"--bytes must be {problem}")
-    sparse = op == "allreduce" and algo == "sparse"
+    sparse = op == "allreduce" and algo in SPARSE
     if sparse != (density is not None):
-        raise UsageError("--density goes with --op allreduce --algo sparse, and it needs one")
+        raise UsageError("--density goes with --op allreduce --algo sparse (or sparse-split), "
+                         "and it needs one")  # fmt: skip
     rows = []
     for w in workers:
         extra: dict[str, Any] = {}
         if sparse:
-            t, bound = sparse_pair(profile, n, w, density, value_bits, library)
+            t, bound = sparse_pair(profile, n, w, density, value_bits, library, algo)
             dense = collective_pair(profile, op, "ring", n, w, library)[0]
             extra = {"density": density, "value_bits": value_bits, "dense_ring_time_s": dense,
                      "speedup_over_dense": dense / t if t > 0 else None}  # fmt: skip
@@ -513,8 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
     c.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
-    c.add_argument("--density", type=float, help="--algo sparse: the fraction each rank keeps")
-    c.add_argument("--value-bits", type=int, default=32, help="--algo sparse: 32, 8 or 4")
+    c.add_argument(
+        "--density", type=float, help="--algo sparse|sparse-split: the fraction each rank keeps"
+    )
+    c.add_argument(
+        "--value-bits", type=int, default=32, help="--algo sparse|sparse-split: 32, 8 or 4"
+    )
     c.add_argument("--json", action="store_true")
     sub.add_parser("profiles", help="list the shipped hardware profiles")
     sub.add_parser("models", help="list the models: shape-only paper models and refdl's")

@@ -514,6 +514,27 @@ def test_sparse_allreduce_is_priced_round_by_round(capsys):
     assert "needs one" in capsys.readouterr().err
 
 
+def test_split_allgather_is_priced_phase_by_phase(capsys):
+    """SparCML's split-allgather: per phase p - 1 messages; once both phases are dense it
+    is the dense ring (reduce-scatter + all-gather), where recursive doubling costs more."""
+    from refdl.predict import main
+
+    link = Link(2e-6, 1e-10, 1e-11)
+    n = 4e6  # 1 M values in 8 partitions of 125,000; 1 %: 10,000 pairs
+    t = C.allreduce_sparse(n, 8, link, 0.01, algorithm="split-allgather")
+    # all-to-all of 80 kB messages; then 80,000 pairs (640 kB) >= 500 kB: dense all-gather
+    assert t == pytest.approx(14 * 2e-6 + 7 * (80_000 + 500_000) * 1e-10)
+    dense = C.allreduce_sparse(n, 64, link, 0.1, algorithm="split-allgather")
+    assert dense == pytest.approx(C.allreduce_ring(n, 64, link))
+    assert dense < C.allreduce_sparse(n, 64, link, 0.1)  # recursive doubling's dense rounds
+    assert C.allreduce_sparse(n, 6, link, 0.01, algorithm="split-allgather") > 0  # any p
+    args = ["collective", "--algo", "sparse-split", "--hw", "piz-daint", "--library", "mpi",
+            "--workers", "6", "--bytes", "1e8", "--density", "0.001", "--json"]  # fmt: skip
+    assert main(args) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["algo"] == "sparse-split" and row["speedup_over_dense"] > 1
+
+
 def test_hierarchical_ps_is_priced_in_two_levels():
     """W/G learners share each aggregator's link, then G aggregators the server's: on 64
     workers in 8 groups that is 2 x 8 serialized transfers where one server had 64."""

@@ -22,7 +22,8 @@ are the compressed bytes: ``p(p-1)·B`` for payloads of B bytes (all-gather).
 
 With ``--allreduce sparse`` the top-k pairs are not all-gathered but summed by SparCML's
 sparse allreduce (``refdl.comm.sparse``: recursive doubling over (index, value) sets,
-dense from the round where that is cheaper), with the values optionally quantized to
+dense from the round where that is cheaper; ``sparse-split``: its split-allgather), with
+the values optionally quantized to
 ``,q8`` or ``,q4`` bits by stochastic rounding (``topk:0.01,q4``).
 
 The quantizers (``qsgd``, ``terngrad``) take ``,rounding=stochastic|nearest``:
@@ -48,6 +49,7 @@ from refdl.errors import UsageError
 
 Array = jax.Array
 BUCKET = 512  # values per scale for qsgd and sign (QSGD's bucket size in Alistarh et al.)
+SPARSE = {"sparse": "recursive-doubling", "sparse-split": "split-allgather"}  # --allreduce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +88,15 @@ class Codec:
 
     def analytic_bytes(self, n: int, p: int, algo: str = "xla") -> int:
         """Bytes all workers send per step: an all-gather of ``p`` payloads, or with
-        ``algo`` sparse the rounds of the sparse allreduce."""
-        if algo == "sparse":
-            return self.sparse(n, p).analytic_bytes()
+        ``algo`` sparse (sparse-split) the rounds of the sparse allreduce."""
+        if algo in SPARSE:
+            return self.sparse(n, p, algo).analytic_bytes()
         return p * (p - 1) * self.payload_bytes(n) if p > 1 else 0
 
-    def sparse(self, n: int, p: int) -> SparseAllreduce:
-        """The sparse allreduce of this codec's top-k of ``n`` values over ``p`` devices."""
-        return SparseAllreduce(n, self._k(n), p, self.bits)
+    def sparse(self, n: int, p: int, algo: str = "sparse") -> SparseAllreduce:
+        """The sparse allreduce (``algo``: sparse or sparse-split) of this codec's top-k of
+        ``n`` values over ``p`` devices."""
+        return SparseAllreduce(n, self._k(n), p, self.bits, SPARSE[algo])
 
     def _k(self, n: int) -> int:
         return max(1, min(n, math.ceil(self.ratio * n)))
@@ -161,8 +164,8 @@ class Codec:
         kept = residual if self.error_feedback else jnp.zeros_like(residual)
         error = jnp.linalg.norm(residual) / jnp.maximum(jnp.linalg.norm(v), 1e-30)
         state = state.replace(extras={**state.extras, "residual": kept[None]})
-        if algo == "sparse":
-            total = self.sparse(n, p)(payload[1], payload[0], axis, key)
+        if algo in SPARSE:
+            total = self.sparse(n, p, algo)(payload[1], payload[0], axis, key)
             density = jnp.mean((total != 0).astype(jnp.float32))
             return unravel(total / p), state, {"compression_error": error,
                                                "union_density": density}  # fmt: skip

@@ -211,7 +211,7 @@ def plan(
         raise UsageError(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
-    if spec.allreduce == "sparse":
+    if spec.allreduce.startswith("sparse"):
         check_sparse(spec, mesh.data)
     elif (spec.compress or "").startswith("topk:") and ",q" in spec.compress:
         raise UsageError(f"--compress {spec.compress}: q8/q4 values are the sparse allreduce's; "
@@ -236,12 +236,13 @@ def plan(
 
 def check_sparse(spec: RunSpec, p: int) -> None:
     """``--allreduce sparse`` sums top-k pairs by recursive doubling: a top-k codec and
-    a power-of-two data degree."""
+    a power-of-two data degree (``sparse-split`` takes any)."""
     if not (spec.compress or "").startswith("topk:"):
-        raise UsageError("--allreduce sparse sums the top-k of each gradient; add "
+        raise UsageError(f"--allreduce {spec.allreduce} sums the top-k of each gradient; add "
                          "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
-    if p & (p - 1):
-        raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}")
+    if spec.allreduce == "sparse" and p & (p - 1):
+        raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}; "
+                         "--allreduce sparse-split takes any")  # fmt: skip
 
 
 def check_compressed_gossip(spec: RunSpec) -> None:

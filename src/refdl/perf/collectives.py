@@ -142,23 +142,36 @@ def neighbour_exchange(n: float, degree: int, link: Link, concurrent: bool = Tru
     return one if concurrent else degree * one
 
 
-def allreduce_sparse(n: float, p: int, link: Link, density: float, value_bits: int = 32) -> float:
+def allreduce_sparse(
+    n: float,
+    p: int,
+    link: Link,
+    density: float,
+    value_bits: int = 32,
+    algorithm: str = "recursive-doubling",
+) -> float:
     """SparCML's sparse allreduce (``refdl.comm.sparse``) of ``n`` bytes of fp32 values of
-    which each rank keeps ``density``: per round ``α`` + its message's bytes ``β`` (the
-    sets double; from the switch round the dense vector), plus ``γ`` on the dense rounds."""
+    which each rank keeps ``density``. Recursive doubling: per round ``α`` + its message's
+    bytes ``β`` (the sets double; from the switch round the dense vector), plus ``γ`` on
+    the dense rounds. Split-allgather: per phase ``p - 1`` messages, ``(p - 1) α`` + the
+    phase's bytes ``β``, plus ``γ`` on a dense first phase (the owner's sum)."""
     if p <= 1:
         return 0.0
-    if p & (p - 1):
-        raise UsageError(f"the sparse allreduce needs a power-of-two --workers, not {p}")
+    if p & (p - 1) and algorithm == "recursive-doubling":
+        raise UsageError(f"the sparse allreduce needs a power-of-two --workers, not {p} "
+                         "(--algo sparse-split takes any)")  # fmt: skip
     if not 0 < density <= 1:
         raise UsageError(f"--density must be in (0, 1], not {density}")
     if value_bits not in (32, 8, 4):
         raise UsageError(f"--value-bits must be 32, 8 or 4, not {value_bits}")
     values = max(1, int(n // 4))
-    sp = SparseAllreduce(values, max(1, math.ceil(density * values)), p, value_bits)
+    sp = SparseAllreduce(values, max(1, math.ceil(density * values)), p, value_bits, algorithm)
+    split = algorithm == "split-allgather"
     return sum(
-        link.alpha + b * link.beta + (b * link.gamma if kind == "dense" else 0.0)
-        for (kind, _), b in zip(sp.rounds(), sp.bytes_per_device(), strict=True)
+        (p - 1 if split else 1) * link.alpha
+        + b * link.beta
+        + (b * link.gamma if kind == "dense" and not (split and s == 1) else 0.0)
+        for s, ((kind, _), b) in enumerate(zip(sp.rounds(), sp.bytes_per_device(), strict=True))
     )
 
 

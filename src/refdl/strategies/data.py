@@ -9,7 +9,8 @@ the gradients as one flat buffer. ``--microbatches m`` accumulates each
 shard's gradient over m slices first. ``--compress`` sends compressed
 gradients with error feedback (``refdl.comm.compress``) - an inconsistent
 variant that reports the bytes saved and the compression error; with ``--allreduce
-sparse`` the top-k pairs are summed by SparCML's sparse allreduce (``refdl.comm.sparse``).
+sparse`` (``sparse-split``) the top-k pairs are summed by SparCML's sparse allreduce,
+recursive doubling (split-allgather) (``refdl.comm.sparse``).
 ``--sfb auto|all``
 (sufficient-factor broadcasting, Xie et al. 2015; Poseidon's hybrid): a fully connected
 layer's weight gradient ``X^T dZ`` is not all-reduced; its factors, the layer's ``r``
@@ -187,9 +188,10 @@ class DataParallel(Strategy):
             out["compression_error"] = last(history, "compression_error")
             out["comm_bytes_per_step_uncompressed"] = dense
             out["comm_bytes_saved_per_step"] = dense - self.comm_bytes
-        if self.spec.allreduce == "sparse":
-            sparse = self.codec.sparse(self.n_params, self.p)
+        if self.spec.allreduce.startswith("sparse"):
+            sparse = self.codec.sparse(self.n_params, self.p, self.spec.allreduce)
             out["sparse_allreduce"] = {
+                "algorithm": sparse.algorithm,
                 "n": sparse.n, "k": sparse.k, "value_bits": sparse.bits,
                 "rounds": [kind for kind, _ in sparse.rounds()],
                 "bytes_per_device_by_round": sparse.bytes_per_device(),
