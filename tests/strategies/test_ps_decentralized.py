@@ -206,12 +206,19 @@ def test_compressed_gossip_of_every_entry_with_gamma_one_is_the_exact_mixing():
 def test_compressed_gossip_devices_equal_serial_and_move_the_analytic_bytes(tmp_path, compress):
     """The devices' executor (``ppermute``) and the serial one (``vmap``) take the same
     steps, stochastic rounding included; the compiled step moves the analytic bytes:
-    8 messages (a ring of 4, both ways) of k int32 indices and k values (+ a scale)."""
+    8 messages (a ring of 4, both ways) of k int32 indices and k values (+ a scale). A
+    checkpoint keeps the public copies and their mixes: resuming takes the same steps."""
     kw = {**CHOCO, "allreduce": "sparse", "compress": compress}
     _, par = run_steps(3, devices=4, **kw)
     _, ser = run_steps(3, simulate=True, workers=4, **kw)
     leaves_close(par.params, ser.params)
-    s = fit(RunSpec(**kw, devices=4, steps=3, out=str(tmp_path), **QUIET))
+    s = fit(RunSpec(**kw, devices=4, steps=4, out=str(tmp_path / "a"),
+                    **{**QUIET, "checkpoint_every": 2}))  # fmt: skip
+    resumed = fit(RunSpec(**kw, devices=4, steps=4, out=str(tmp_path / "b"), **QUIET,
+                          resume=str(tmp_path / "a" / "checkpoints" / "step_0000002")))  # fmt: skip
+    assert resumed["resumed_from_step"] == 2
+    assert resumed["params_l2_norm"] == s["params_l2_norm"]
+    assert resumed["consensus_distance"] == s["consensus_distance"]
     k = -(-s["sparse_message"]["n"] // 100)
     value_bytes = 4 * k if compress == "topk:0.01" else -(-k // 2) + 4
     assert s["sparse_message"]["k"] == k

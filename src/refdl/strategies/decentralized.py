@@ -151,7 +151,7 @@ def replica_mean(tree: Any) -> Any:
     )
 
 
-WORKER_OPTIONS = ("topology", "order", "gossip", "simulate", "workers", "straggler",
+OPTIONS = ("topology", "order", "gossip", "simulate", "workers", "straggler",
                   "allreduce", "compress", "consensus_step")  # fmt: skip
 
 
@@ -160,7 +160,7 @@ class Decentralized(Strategy):
     """Neighbour averaging over a graph; synchronous steps, no central state."""
 
     traits = Traits(
-        options=frozenset(WORKER_OPTIONS),
+        options=frozenset(OPTIONS),
         multiprocess="mpi",
         workers=True,
         modes=("spmd", "mpi", "simulate"),
