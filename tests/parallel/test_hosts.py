@@ -202,12 +202,20 @@ def lose_a_host(tmp_path: Path, how: str, timeout: float = 20) -> tuple[Any, Pat
            "train", "--strategy", "data", "--devices", "4", "--model", "mlp", "--steps",
            "100000", "--checkpoint-every", "20", "--eval-every", "0", "--log-every", "20",
            "--out", str(out), "--no-progress", "--timeout", str(timeout)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    deadline = time.monotonic() + 240
-    while len(list((out / "checkpoints").glob("step_*"))) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
+    for attempt in (1, 2):
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+        deadline = time.monotonic() + 240
+        while len(list((out / "checkpoints").glob("step_*"))) < 2 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no second checkpoint in 240 s"
+            time.sleep(0.2)
+        if proc.poll() is None:
+            break
+        said = proc.communicate()
+        if attempt == 1 and proc.returncode == 213 and PMIX_START_FAILED in said[1]:
+            warnings.warn("mpirun did not start (PMIx), tried again", stacklevel=2)
+            continue
+        raise AssertionError(f"the run ended before the host went: {proc.returncode} {said}")
     subprocess.run(["bash", "scripts/hosts.sh", how, "refdl-h2"], cwd=ROOT, check=True)
     return proc, out, time.monotonic()
 
@@ -216,12 +224,16 @@ def check_lost(proc: subprocess.Popen, out: Path, gone: float, bound: float) -> 
     """Every rank ended (the launcher returned 3) within ``bound`` s of the loss, saying
     which host and which checkpoint; summary.json says failed; the checkpoint resumes."""
     try:
-        _, err = proc.communicate(timeout=bound + 30)
+        said_out, err = proc.communicate(timeout=bound + 30)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
     took = time.monotonic() - gone
-    assert proc.returncode == 3, err[-3000:]
+    summary = out / "summary.json"
+    # all there is to read when it fails (it did, 2 of ~10 CI runs: exit 0, no stderr)
+    seen = (f"after {took:.2f} s; stderr: {err[-2000:]!r}; stdout: {said_out[-1500:]!r}; "
+            f"summary: {summary.read_text()[:1500] if summary.exists() else None}")  # fmt: skip
+    assert proc.returncode == 3, seen
     said = "refdl.launch: error:"
     line = [ln[ln.index(said) :] for ln in err.splitlines() if said in ln]
     assert line and "ranks 2, 3 on refdl-h2 were lost" in line[0], err[-3000:]

@@ -77,10 +77,9 @@ class DataParallel(Strategy):
             .lower(self._abstract_state(), self._abstract_sharded_batch())
             .compile()
         )
-        self.comm_bytes = collective_bytes(self._step.as_text(), self.p).get("total", 0)
-        self.comm_by_collective = {
-            k: v for k, v in collective_bytes(self._step.as_text(), self.p).items() if k != "total"
-        }
+        by_collective = collective_bytes(self._step.as_text(), self.p)
+        self.comm_bytes = by_collective.pop("total", 0)
+        self.comm_by_collective = by_collective
 
     def _abstract_state(self) -> TrainState:
         state = self.task.abstract_state()
