@@ -345,6 +345,31 @@ def test_a_partial_slurm_environment_is_one_line_on_every_task(tmp_path, slurm):
     assert not out.exists()
 
 
+RANK0_SAYS = """
+from refdl.parallel import liveness, processes
+if processes.launched_rank() == 0:
+    for word in WORDS:
+        liveness.mark_for_launcher(word)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("words, status", [(("started",), 3), (("started", "ended"), 0), ((), 0)])
+def test_the_launcher_does_not_take_mpiruns_0_for_a_run_that_never_ended(words, status):
+    """mpirun exits 0 when it loses a host's daemon, and may end rank 0 before it leaves a
+    record: a rank 0 that started its heartbeats and never ended its run is a failure (exit
+    3, one line), not a success; a program without heartbeats is taken at its word."""
+    code = RANK0_SAYS.replace("WORDS", repr(words))
+    run = ("import sys; from refdl.parallel.processes import launch; "
+           f"sys.exit(launch(2, ['-c', {code!r}]))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == status, proc.stderr[-2000:]
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("refdl.launch: error:")]
+    assert len(said) == (status == 3), proc.stderr[-2000:]
+    assert not said or "before rank 0's run ended" in said[0]
+
+
 def test_the_launcher_reads_rank_0s_record_then_its_early_word_then_the_others(
     tmp_path, monkeypatch
 ):

@@ -110,6 +110,7 @@ class _Root(Monitor):
         self.heard: dict[int, float] = {}
         self.gone: set[int] = set()  # said goodbye
         self.started = time.monotonic()
+        mark_for_launcher("started")
         threading.Thread(target=self._run, daemon=True, name="refdl-liveness").start()
 
     def _tell(self, line: str) -> None:
@@ -228,6 +229,7 @@ class _Root(Monitor):
 
     def close(self) -> None:
         super().close()
+        mark_for_launcher("ended")
         for s in list(self.peers):
             _send(s, b"BYE\n")
 
@@ -301,6 +303,23 @@ def record_for_launcher(line: str, rank: int = 0, early: bool = False) -> None:
         return
     with os.fdopen(fd, "w") as f:
         f.write(line + "\n")
+
+
+def mark_for_launcher(word: str) -> None:
+    """Rank 0's word beside the records: ``started`` when its heartbeats start, ``ended``
+    when its run ends (normally or with its own error). mpirun's status 0 after
+    ``started`` without ``ended`` is a job ended from outside: mpirun exits 0 when it
+    loses a host's daemon, and may end rank 0 before it could leave a record."""
+    path = os.environ.get(RECORD_VAR)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).with_name(f"rank0.{word}").touch()
+
+
+def ended_unseen(path: Path) -> bool:
+    """Whether rank 0 ``started`` and never ``ended`` (``mark_for_launcher``), beside the
+    record ``path``."""
+    return path.with_name("rank0.started").exists() and not path.with_name("rank0.ended").exists()
 
 
 def read_record(path: Path) -> str | None:

@@ -441,6 +441,11 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         if subreaper:  # mpirun exits when it loses a host's daemon, its ranks still running
             _reap_orphans(LOST_GRACE_S)
         line = liveness.read_record(record)
+        if line is None and status == 0 and liveness.ended_unseen(record):
+            line = (
+                "mpirun ended the ranks before rank 0's run ended, and no rank said why "
+                "(a host or its daemon lost?); resume from the run's last checkpoint"
+            )
         if line is not None:
             print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
