@@ -382,13 +382,14 @@ def _step_main(argv: list[str]) -> int:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
-        if args.compress and args.strategy != "decentralized":
+        traits = traits_of(args.strategy)
+        if args.compress and not (traits.workers and "compress" in traits.options):
             raise UsageError("--compress prices decentralized's top-k messages; for data's "
                              "sparse allreduce use predict collective --algo sparse "
                              "--density D")  # fmt: skip
         opts = PredictOptions(
             allreduce=args.allreduce,
-            microbatches=(4 if "pipe" in traits_of(args.strategy).axes else 1)
+            microbatches=(4 if "pipe" in traits.axes else 1)
             if args.microbatches is None
             else args.microbatches,
             schedule=args.schedule,

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from refdl.comm.allreduce import allreduce_mean, analytic_bytes
-from refdl.comm.compress import make_codec
+from refdl.comm.compress import SPARSE, make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
 from refdl.core.layers import batch_axis, param_count, sfb_mode, sufficient_factors
@@ -187,7 +187,7 @@ class DataParallel(Strategy):
             out["compression_error"] = last(history, "compression_error")
             out["comm_bytes_per_step_uncompressed"] = dense
             out["comm_bytes_saved_per_step"] = dense - self.comm_bytes
-        if self.spec.allreduce.startswith("sparse"):
+        if self.spec.allreduce in SPARSE:
             sparse = self.codec.sparse(self.n_params, self.p, self.spec.allreduce)
             out["sparse_allreduce"] = {
                 "algorithm": sparse.algorithm,
