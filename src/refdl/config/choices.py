@@ -23,7 +23,7 @@ TOPOLOGIES = ("ring", "torus", "exp2", "complete")
 PRESETS = ("tensor", "owt")
 CONTEXT_ATTENTION = ("ring", "all-to-all")  # context parallelism (refdl.parallel.context)
 REMAT = ("none", "full", "selective")  # activation recomputation per layer
-PRECISIONS = ("fp32", "bf16")  # compute precision (master weights stay fp32)
+PRECISIONS = ("fp32", "bf16", "fp64")  # compute precision (bf16: fp32 master weights; fp64: all)
 
 
 def chunks_of(schedule: str, chunks: int) -> int:

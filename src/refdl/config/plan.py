@@ -168,6 +168,7 @@ def plan(
     spec = dataclasses.replace(spec, microbatches=traits.microbatches(spec))
     check_options(spec, strategy, traits, owners or {strategy: traits})
     check_launch(spec, strategy, traits, ranks)
+    check_precision(spec, traits, ranks)
     m = spec.microbatches
     if spec.batch_size > model.train_size:
         raise UsageError(
@@ -284,6 +285,20 @@ def check_options(
         takers = sorted(name for name, t in owners.items() if key in t.options)
         where = f"--strategy {', '.join(takers)}" if takers else "no strategy here"
         raise UsageError(f"{flag(key)} is an option of {where}, not of --strategy {strategy}")
+
+
+def check_precision(spec: RunSpec, traits: Traits, ranks: int) -> None:
+    """``--precision fp64`` (the proofs) where every number stays in float64: not through a
+    codec's fp32 values, nor through the fp32 messages of the servers and gossip under
+    mpirun (their ``--simulate`` and device executors keep float64)."""
+    if spec.precision != "fp64":
+        return
+    if spec.compress or spec.allreduce.startswith("sparse"):
+        what = f"--compress {spec.compress}" if spec.compress else f"--allreduce {spec.allreduce}"
+        raise UsageError(f"{what} sends fp32 values; --precision fp64 is for exact runs, drop one")
+    if ranks > 1 and traits.multiprocess == "mpi":
+        raise UsageError("--precision fp64 runs the parameter server and gossip in one "
+                         "process (--simulate, or --devices); under mpirun they send fp32")  # fmt: skip
 
 
 def check_launch(spec: RunSpec, strategy: str, traits: Traits, ranks: int) -> None:

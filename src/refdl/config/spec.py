@@ -145,7 +145,10 @@ class RunSpec:
         "also its matrix products' outputs",
     )
     precision: str = OPTIMIZATION(
-        "fp32", Choice(PRECISIONS), "compute precision (bf16: fp32 master weights, loss, updates)"
+        "fp32",
+        Choice(PRECISIONS),
+        "compute precision (bf16: fp32 master weights, loss, updates; fp64: everything in "
+        "float64, JAX's 64-bit mode, for proofs of equivalence)",
     )
     devices: int = DEVICES(
         1,

@@ -19,6 +19,7 @@ kernel: ``kh kw in``); other layers keep refdl's draws.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -28,6 +29,11 @@ import jax.numpy as jnp
 from refdl.config.choices import INIT_SCHEMES
 
 PyTree = Any
+
+
+def _uniform(key: jax.Array, shape: tuple[int, ...], bound: float, dtype: Any) -> jax.Array:
+    """``U(-bound, bound)`` drawn in fp32 and cast to ``dtype``."""
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
 
 
 def redraw(params: PyTree, model: Any, scheme: str, key: jax.Array) -> PyTree:
@@ -48,15 +54,16 @@ def redraw(params: PyTree, model: Any, scheme: str, key: jax.Array) -> PyTree:
         fan_in = math.prod(shape[:-1])
         fan_out = math.prod(shape[:-2]) * shape[-1]
         kk, kb = jax.random.split(k)
-        dtype = p["kernel"].dtype
+        dtype = p["kernel"].dtype  # drawn in fp32 and cast: an fp64 run starts where fp32 does
+        draw = functools.partial(_uniform, dtype=dtype)
         if scheme == "torch":
             bound = 1.0 / math.sqrt(fan_in)
-            p["kernel"] = jax.random.uniform(kk, shape, dtype, -bound, bound)
+            p["kernel"] = draw(kk, shape, bound)
             if "bias" in p:
-                p["bias"] = jax.random.uniform(kb, p["bias"].shape, dtype, -bound, bound)
+                p["bias"] = draw(kb, p["bias"].shape, bound)
         else:  # keras
             bound = math.sqrt(6.0 / (fan_in + fan_out))
-            p["kernel"] = jax.random.uniform(kk, shape, dtype, -bound, bound)
+            p["kernel"] = draw(kk, shape, bound)
             if "bias" in p:
                 p["bias"] = jnp.zeros_like(p["bias"])
         out[layer_key] = p

@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from refdl.core.conv import conv2d
+from refdl.core.precision import abstract_to_master, to_master, wide
 
 Array = jax.Array
 PyTree = Any
@@ -51,8 +52,9 @@ def activation(name: str | None) -> Callable[[Array], Array]:
 
 
 def param(module: nn.Module, name: str, init: Callable, shape: Sequence[int], axes: Axes):
-    """A parameter of ``module`` boxed with its logical axis names."""
-    return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape))
+    """A parameter of ``module`` boxed with its logical axis names, drawn in fp32 (an fp64
+    run casts the same draws up: ``refdl.core.precision``)."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
 class Dense(nn.Module):
@@ -342,7 +344,7 @@ class LSTM(nn.Module):
     def __call__(self, x: Array, train: bool = False) -> Array:
         h = self.hidden
         init = nn.initializers.uniform(scale=2.0 / np.sqrt(h))
-        shifted = lambda key, shape, dtype=jnp.float32: init(key, shape, dtype) - 1.0 / np.sqrt(h)  # noqa: E731
+        shifted = lambda key, shape, dtype=jnp.float32: init(key, shape, dtype) - 1.0 / math.sqrt(h)  # noqa: E731
         w_ih = param(self, "w_ih", shifted, (x.shape[-1], 4 * h), ("embed", "lstm_gates"))
         w_hh = param(self, "w_hh", shifted, (h, 4 * h), ("lstm_hidden", "lstm_gates"))
         bias = param(self, "bias", nn.initializers.zeros, (4 * h,), ("lstm_gates",))
@@ -356,7 +358,7 @@ class LSTM(nn.Module):
             h_t = jax.nn.sigmoid(o) * jnp.tanh(c)
             return (h_t, c), h_t
 
-        zeros = jnp.zeros((x.shape[0], h), x.dtype)
+        zeros = jnp.zeros((x.shape[0], h), xw.dtype)
         _, hs = jax.lax.scan(cell, (zeros, zeros), jnp.swapaxes(xw, 0, 1))
         return jnp.swapaxes(hs, 0, 1)
 
@@ -365,12 +367,18 @@ def causal_attention(q: Array, k: Array, v: Array) -> Array:
     """``softmax(q k^T / sqrt(h) + causal mask) v`` on ``[batch, time, heads, head_dim]``.
 
     XLA's formulation everywhere, except cuDNN's fused kernel on a GPU in bf16/fp16,
-    which never holds the ``T x T`` scores in memory (the same mathematics). Under
+    which never holds the ``T x T`` scores in memory (the same mathematics), and fp64,
+    whose softmax ``jax.nn.dot_product_attention`` would take in fp32. Under
     ``sequence_shard`` the shard's attention, which sees the other devices' keys and values.
     """
     shard = _SEQUENCE.get()
     if shard is not None:
         return shard.attention(q, k, v)
+    if q.dtype == jnp.float64:
+        t = q.shape[1]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
     if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
         with contextlib.suppress(Exception):  # a shape or version cuDNN does not take
             return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
@@ -493,8 +501,8 @@ def factored_dense(layer: Dense, axis: str, p: int, low: Any = None) -> Callable
         w, x, z = res
         dz = jax.vjp(act, z)[1](dy)[0]
 
-        def gather(a: Array) -> Array:  # fp32 on every backend (XLA's CPU widens bf16)
-            return jax.lax.all_gather(a.reshape(-1, a.shape[-1]).astype(jnp.float32), axis,
+        def gather(a: Array) -> Array:  # >= fp32 on every backend (XLA's CPU widens bf16)
+            return jax.lax.all_gather(a.reshape(-1, a.shape[-1]).astype(wide(a.dtype)), axis,
                                       tiled=True)  # fmt: skip
 
         xs, dzs = gather(x), gather(dz)
@@ -529,7 +537,9 @@ class Sequential:
     batch dimensions, so the attention scores and the elementwise work are recomputed -
     MaxText's ``minimal`` policy, Megatron's selective recomputation); ``precision``
     ``bf16`` runs each layer on bf16 copies of its parameters and of its floating input
-    (master weights, their gradients and the loss stay fp32).
+    (master weights, their gradients and the loss stay fp32); ``fp64`` keeps the
+    parameters in float64 and raises a floating input to it (``refdl.core.precision``;
+    the layers draw their initial values in fp32, so fp32 and fp64 runs start equal).
     """
 
     layers: tuple[nn.Module, ...]
@@ -566,7 +576,8 @@ class Sequential:
             lowered = jax.jit(self._init_boxed).lower(rng, x)
             programs[sig] = lowered.compile(compiler_options=options)
         boxed = programs[sig](rng, x)
-        return (*self._params_state(nn.meta.unbox(boxed)), self._axes(boxed))
+        params, state = to_master(self._params_state(nn.meta.unbox(boxed)), self.precision)
+        return params, state, self._axes(boxed)
 
     def logical_axes(self, x: Array) -> PyTree:
         """The logical axis names of every parameter, from shapes alone (nothing allocated)."""
@@ -579,7 +590,7 @@ class Sequential:
     def abstract_variables(self, x: Array) -> tuple[PyTree, PyTree]:
         """``(params, model_state)`` as ``ShapeDtypeStruct``s, from shapes alone."""
         boxed = jax.eval_shape(self._init_boxed, jax.random.key(0), x)
-        return self._params_state(nn.meta.unbox(boxed))
+        return abstract_to_master(self._params_state(nn.meta.unbox(boxed)), self.precision)
 
     def _init_boxed(self, rng: Array, x: Array) -> dict[str, PyTree]:
         out = {}
@@ -659,6 +670,8 @@ class Sequential:
             if low is not None:
                 p = jax.tree.map(lambda a: a.astype(low), p)
                 x = x.astype(low) if jnp.issubdtype(x.dtype, jnp.floating) else x
+            elif self.precision == "fp64" and jnp.issubdtype(x.dtype, jnp.floating):
+                x = x.astype(jnp.float64)
             variables = {"params": p, **s}
             if train and stateful:
                 y, updates = layer.apply(variables, x, train=True, mutable=list(s))

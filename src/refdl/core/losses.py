@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from refdl.core.precision import wide
 from refdl.registry import Registry
 
 Array = jax.Array
@@ -28,14 +29,14 @@ def cross_entropy(logits: Array, labels: Array) -> Array:
     >>> float(cross_entropy(jnp.zeros((1, 4)), jnp.array([2])))  # log 4
     1.3862943649291992
     """
-    logits = logits.astype(jnp.float32)  # bf16 compute: the loss still in fp32
+    logits = logits.astype(wide(logits.dtype))  # bf16 compute: the loss still in fp32
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
 @LOSSES.register("squared")
 def squared_error(outputs: Array, labels: Array) -> Array:
     """Mean over examples of ``0.5 * ||outputs - onehot(labels)||^2`` (labels are class ids)."""
-    outputs = outputs.astype(jnp.float32)
+    outputs = outputs.astype(wide(outputs.dtype))
     target = jax.nn.one_hot(labels, outputs.shape[-1], dtype=outputs.dtype)
     return jnp.mean(0.5 * jnp.sum((outputs - target) ** 2, axis=-1))
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from refdl.core.layers import batch_mean, param, scoped, sequence_now
+from refdl.core.precision import wide
 
 Array = jax.Array
 PyTree = Any
@@ -168,8 +169,9 @@ class MoEFeedForward(nn.Module):
             "w2": param(self, "w2", init, (e, f, d), ("expert", "mlp", "embed")),
             "b2": param(self, "b2", nn.initializers.zeros, (e, d), ("expert", "embed")),
         }
-        # the router in fp32 (under bf16 compute too): its choices are discrete
-        logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), router.astype(jnp.float32))
+        # the router in fp32 (under bf16 compute too; fp64 under fp64): its choices are discrete
+        rt = wide(x.dtype)
+        logits = jnp.einsum("btd,de->bte", x.astype(rt), router.astype(rt))
         probs = jax.nn.softmax(logits, axis=-1)
         split = sequence_now()
         if split is not None and not split.whole:
@@ -180,13 +182,13 @@ class MoEFeedForward(nn.Module):
         shard = _EXPERTS.get()
         out = shard.run(expert_mlp, buffers, params) if shard else expert_mlp(buffers, params)
         y = jnp.einsum("btec,becd->btd", combine.astype(out.dtype), out)
-        aux = self.aux_weight * balance_loss(probs, chosen.astype(jnp.float32))
-        dropped = jnp.mean((~kept).astype(jnp.float32))
+        aux = self.aux_weight * balance_loss(probs, chosen.astype(rt))
+        dropped = jnp.mean((~kept).astype(rt))
         stats = {"tokens_dropped_fraction": dropped, "router_aux_loss": aux}
         for name, value in stats.items():
             var = self.variable("moe", name, jnp.zeros, (), jnp.float32)
             if train and self.is_mutable_collection("moe"):
-                var.value = batch_mean(jax.lax.stop_gradient(value))
+                var.value = batch_mean(jax.lax.stop_gradient(value)).astype(var.value.dtype)
         return with_loss(y, aux) if train else y
 
 

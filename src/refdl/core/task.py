@@ -20,6 +20,7 @@ from refdl.core.init import redraw
 from refdl.core.layers import Sequential
 from refdl.core.losses import LOSSES, accuracy
 from refdl.core.moe import step_stats, with_step_stats
+from refdl.core.precision import master_dtype
 from refdl.core.state import TrainState
 
 PyTree = Any
@@ -123,7 +124,7 @@ class Task:
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         stats = jax.tree.map(jnp.zeros_like, step_stats(model_state))
-        init = (jnp.zeros((), jnp.float32), zeros, model_state, stats)
+        init = (jnp.zeros((), master_dtype(self.model.precision)), zeros, model_state, stats)
         (loss, grads, state, stats), _ = jax.lax.scan(body, init, split)
         # mixture-of-experts statistics: the step's, the mean over its microbatches
         state = with_step_stats(state, jax.tree.map(lambda v: v / microbatches, stats))

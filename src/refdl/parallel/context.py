@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from refdl.core.layers import SequenceShard
+from refdl.core.precision import wide
 
 Array = jax.Array
 MODES = ("ring", "all-to-all")
@@ -62,14 +63,16 @@ def zigzag_order(length: int, c: int) -> np.ndarray:
 
 def _block(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Array]:
     """Softmax attention of ``q`` over ``k, v`` (``[B, T, H, D]``), scores in fp32: the
-    normalised output ``[B, Tq, H, D]`` and the log-sum-exp ``[B, H, Tq]`` of each row."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    normalised output ``[B, Tq, H, D]`` and the log-sum-exp ``[B, H, Tq]`` of each row
+    (scores in fp64 under fp64)."""
+    acc = wide(q.dtype)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=acc)
     s = s / math.sqrt(q.shape[-1])
     if mask is not None:
         s = jnp.where(mask, s, -jnp.inf)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - lse[..., None]).astype(v.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", p, v, preferred_element_type=jnp.float32), lse
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v, preferred_element_type=acc), lse
 
 
 def _merge(o: Array, lse: Array, o2: Array, lse2: Array) -> tuple[Array, Array]:

@@ -21,6 +21,7 @@ from refdl.assemble import load_data, make_task, model_shape, resolve
 from refdl.config.batches import BatchSchedule
 from refdl.config.plan import Plan, check_launch, plan
 from refdl.config.spec import RunSpec
+from refdl.core import precision
 from refdl.core.task import Task
 from refdl.data import Dataset
 from refdl.data.order import global_batch_indices, stream_indices
@@ -73,6 +74,7 @@ def resized(run: Run, state: Any, batch: int, built: dict[int, Run]) -> tuple[Ru
 def build(spec: RunSpec) -> Run:
     """Build the pieces of a run; raises UsageError for anything that does not fit."""
     spec = resolve(spec)
+    precision.check_mode(spec.precision)
     cls = STRATEGIES.get(spec.strategy)
     ranks = processes.launched_size()
     check_launch(spec, spec.strategy, cls.traits, ranks)

@@ -27,6 +27,7 @@ import numpy as np
 
 from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
+from refdl.core import precision
 from refdl.core.moe import moe_stats
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import epoch_of
@@ -72,8 +73,14 @@ def fit(spec: RunSpec, out: str | Path | None = None) -> dict[str, Any]:
     is made only then), ``DivergedError`` when the loss turns NaN/Inf (the last good
     checkpoint stays as it was), ``WriteError`` when a file cannot be written, and
     ``Interrupted`` on SIGINT or SIGTERM (after checkpointing the last completed step
-    when a step had completed).
+    when a step had completed). The whole run happens in its precision's scope
+    (``refdl.core.precision``: JAX's 64-bit mode on for fp64, off otherwise).
     """
+    with precision.scope(spec.precision):
+        return _fit(spec, out)
+
+
+def _fit(spec: RunSpec, out: str | Path | None) -> dict[str, Any]:
     t_start = time.perf_counter()
     stopper = processes.STOPPER
     installed_here = not stopper.installed

@@ -20,6 +20,7 @@ import numpy as np
 
 from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
+from refdl.core import precision
 from refdl.core.state import to_host
 from refdl.run.build import Run, build, resized
 
@@ -100,7 +101,13 @@ class Trajectory:
 
 def run_steps(spec: RunSpec, steps: int | None = None, seed: int | None = None) -> Trajectory:
     """Build ``spec``, initialise from ``seed`` (default the spec's) and take ``steps``
-    steps (default ``spec.steps``) synchronised one by one."""
+    steps (default ``spec.steps``) synchronised one by one, in the spec's precision (the
+    final state comes back as host arrays, usable outside that scope)."""
+    with precision.scope(spec.precision):
+        return _run_steps(spec, steps, seed)
+
+
+def _run_steps(spec: RunSpec, steps: int | None, seed: int | None) -> Trajectory:
     run = build(spec)
     n = run.spec.steps if steps is None else steps
     state = run.strategy.init_state(run.spec.seed if seed is None else seed)

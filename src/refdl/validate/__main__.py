@@ -50,7 +50,13 @@ from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
 from refdl.strategies import traits_of
 from refdl.validate.asynchronous import print_async, validate_async
-from refdl.validate.exact import FIRST_STEP_RTOL, ValidationFailed, print_report, validate
+from refdl.validate.exact import (
+    FIRST_STEP_RTOL,
+    FP64_RTOL,
+    ValidationFailed,
+    print_report,
+    validate,
+)
 from refdl.validate.export import export_start
 from refdl.validate.results import results_report, summary_line, write_report
 
@@ -106,9 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--first-step-rtol",
         type=float,
-        default=FIRST_STEP_RTOL,
-        help="tolerance of the first loss and of the parameters after one update",
+        help="tolerance of the first loss and of the parameters after one update "
+        f"(default {FIRST_STEP_RTOL:g}; fp64 {FP64_RTOL:g})",
     )
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp64"],
+                   help="both sides in float32, or in float64 (JAX's 64-bit mode, "
+                        f"torch.float64; every tolerance {FP64_RTOL:g})")  # fmt: skip
     p.add_argument("--perturb", type=float, default=0.0,
                    help="add this relative noise to the PyTorch side's initial weights "
                         "(checks that the check can fail)")  # fmt: skip
@@ -164,7 +173,7 @@ ARG_VALUES = {
     "seed": Int(min=0, max=2**32 - 1),
     "param_rtol": Optional(Float(min=0.0, min_open=True)),
     "loss_rtol": Optional(Float(min=0.0, min_open=True)),
-    "first_step_rtol": Float(min=0.0, min_open=True),
+    "first_step_rtol": Optional(Float(min=0.0, min_open=True)),
     "perturb": Float(min=0.0, max=10.0),
     "timeout": Float(min=0.0, min_open=True, max=1e6),
     "seeds": Int(min=2, max=100),
@@ -176,6 +185,9 @@ def check_args(args: argparse.Namespace) -> None:
     for key, kind in ARG_VALUES.items():
         if problem := kind.problem(getattr(args, key)):
             raise UsageError(f"--{key.replace('_', '-')} must be {problem}")
+    if args.precision == "fp64" and (args.framework != "torch" or args.results or by_outcome(args)):
+        raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
+                         "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
     if args.report:
         writable_folder(args.report, "--report")
     if args.export_start:

@@ -390,11 +390,14 @@ if torch is not None:
     class TorchModel(nn.Module):
         """A refdl ``Sequential`` in PyTorch: block 0 adapts the input, block i+1 is layer i."""
 
-        def __init__(self, blocks: list[Block]) -> None:
+        def __init__(self, blocks: list[Block], dtype: Any = None) -> None:
             super().__init__()
             self.blocks = nn.ModuleList(blocks)
+            self.dtype = dtype or torch.float32  # refdl's fp64 runs: a float64 twin
 
         def forward(self, x):
+            if x.is_floating_point() and x.dtype != self.dtype:  # refdl's images are fp32
+                x = x.to(self.dtype)
             if x.requires_grad:  # a later pipeline stage's input
                 x = _ContiguousGrad.apply(x)
             for b in self.blocks:
@@ -474,12 +477,15 @@ class ModelPlan:
         """The PyTorch model of layers ``start..stop-1`` with refdl's weights copied in;
         the input adapter comes first when ``start`` is 0. ``bn``: BatchNorm over this
         process's batch (``local``), over all ranks (``sync``), or ``torch.nn.BatchNorm2d``
-        (``native``)."""
+        (``native``). Float64 parameters (a ``--precision fp64`` run) give a float64 model."""
         require()
         rows = self.layers[start:stop]
         blocks = [ToNCHW()] if start == 0 else []
         blocks += [_layer_block(layer, key, shape, bn) for layer, key, shape in rows]
-        module = TorchModel(blocks)
+        wide = any(np.asarray(v).dtype == np.float64 for v in flat_params.values())
+        module = TorchModel(blocks, torch.float64 if wide else torch.float32)
+        if wide:
+            module.double()
         load(module, flat_params)
         return module
 
@@ -488,10 +494,11 @@ def load(module: Any, flat_params: Flat) -> None:
     """Copy refdl's parameters (flat paths) into ``module``, converting layouts."""
     with torch.no_grad():
         for path, tensor, to_torch, _ in module.links():
-            value = to_torch(np.asarray(flat_params[path], np.float32))
+            dtype = np.float64 if tensor.dtype == torch.float64 else np.float32
+            value = to_torch(np.asarray(flat_params[path], dtype))
             if tuple(value.shape) != tuple(tensor.shape):
                 raise ValueError(f"{path}: refdl {value.shape} vs torch {tuple(tensor.shape)}")
-            tensor.copy_(torch.from_numpy(np.array(value, np.float32, copy=True)))
+            tensor.copy_(torch.from_numpy(np.array(value, dtype, copy=True)))
 
 
 def export(module: Any) -> Flat:

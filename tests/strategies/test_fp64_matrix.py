@@ -1,0 +1,159 @@
+"""The proof in float64: every synchronous strategy x every model it accepts x sgd,
+momentum and adam, 20 steps, equal to ``single`` to 1e-10.
+
+In fp32 a strategy that reorders sums (an allreduce, a split dot product, microbatch
+means) moves a result by a few ulps a step, and Adam turns that noise into lr-sized steps
+where a gradient is near zero (test_equivalence.py states the fp32 tolerances). In
+float64 (``precision="fp64"``: JAX's 64-bit mode, ``refdl.core.precision``) the same
+reorderings move a result by ~1e-16 a step, so two runs that compute the same thing agree
+to far better than 1e-10 after 20 steps whatever the optimizer, and a wrong scale, a
+missing shard or a different routing decision shows at 1e-3 or more.
+
+Tolerance: per-step loss ``|d| <= 1e-10 |loss| + 1e-12``; parameters per tensor
+``|d| <= 1e-10 |x| + 1e-10`` and relative L2 over all of them <= 1e-10
+(``refdl.testing.TOLERANCES['fp64']``). Measured (2026-11-26): the largest relative L2
+over the whole matrix is printed by ``-m slow -s`` and recorded in docs/strategies.md.
+
+A strategy refuses a model it cannot run (context parallelism needs attention, an expert
+axis needs a mixture-of-experts model, ps workers keep no model state) with a one-line
+UsageError; such a case is skipped with that line, so the matrix is "every model it
+accepts". The default run keeps a representative slice; ``-m slow`` runs all of it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from refdl.config.spec import RunSpec
+from refdl.core.compare import compare
+from refdl.errors import UsageError
+from refdl.run.build import build
+from refdl.run.trajectory import run_steps
+from refdl.testing import assert_equivalent
+
+STEPS = 20
+REL_L2 = 1e-10
+SMALL = {
+    "mlp": (("hidden", "32,32"),),
+    "lenet5": (),
+    "resnet": (("depth", "8"), ("width", "8")),
+    "transformer": (("d_model", "32"), ("heads", "4"), ("layers", "1"), ("mlp_dim", "64")),
+    "lstm_lm": (("hidden", "16"),),
+    "moe": (("d_model", "32"), ("heads", "4"), ("layers", "1"), ("mlp_dim", "32"),
+            ("experts", "4")),
+}  # fmt: skip
+TOKENS = ("transformer", "lstm_lm", "moe")
+DEEP_MLP = (("hidden", "32,32,32,32,32,32"),)  # 8 layers: 2 stages x 2 chunks and more
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+CASES = [
+    ("data", {"devices": 8}),
+    ("data", {"devices": 4, "allreduce": "ring", "microbatches": 2}),
+    ("data", {"devices": 4, "allreduce": "halving-doubling"}),
+    ("model", {"devices": 2}),
+    ("model", {"devices": 2, "sequence_parallel": True}),
+    ("fsdp", {"devices": 2, "zero": 1}),
+    ("fsdp", {"devices": 4, "zero": 2}),
+    ("fsdp", {"devices": 4, "zero": 3, "microbatches": 2}),
+    ("pipeline", {"devices": 2, "microbatches": 2}),
+    ("context", {"devices": 2}),
+    ("context", {"devices": 4, "cp": "all-to-all"}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,fsdp=2,model=2"}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,model=2,pipe=2", "microbatches": 2}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,context=2,model=2"}),
+    ("hybrid", {"devices": 8, "mesh": "data=2,context=2,expert=2"}),
+    ("hybrid", {"devices": 4, "mesh": "data=2,expert=2"}),
+    ("ps", {"simulate": True, "workers": 2, "ps_mode": "sync"}),
+]
+SCHEDULES = [
+    ("pipeline", {"devices": 2, "schedule": s, "microbatches": 4, "chunks": c})
+    for s, c in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("looped-bfs", 2),
+                 ("zb-h1", 1), ("zbv", 1), ("dualpipev", 1))
+]  # fmt: skip
+
+# By default: one case of each strategy family on the fast models, Adam (the optimizer
+# that defeated the fp32 proof), and the MoE hybrid of issue 48's report.
+DEFAULT = {
+    ("mlp", "adam", "data-devices=4-allreduce=ring-microbatches=2"),
+    ("mlp", "adam", "fsdp-devices=4-zero=3-microbatches=2"),
+    ("mlp", "adam", "hybrid-devices=8-mesh=data=2,fsdp=2,model=2"),
+    ("mlp", "momentum", "model-devices=2"),
+    ("moe", "adam", "hybrid-devices=8-mesh=data=2,context=2,expert=2"),
+    ("deep_mlp", "adam", "pipeline-devices=2-schedule=zbv-microbatches=4-chunks=1"),
+}
+
+
+def _id(case: tuple[str, dict]) -> str:
+    strategy, kw = case
+    return strategy + "-" + "-".join(f"{k}={v}" for k, v in kw.items())
+
+
+def _spec(model: str, optimizer: str, **kw) -> RunSpec:
+    opts = DEEP_MLP if model == "deep_mlp" else SMALL[model]
+    return RunSpec(
+        model="mlp" if model == "deep_mlp" else model, model_opts=opts,
+        data_opts=(("seq_len", "8"),) if model in TOKENS else (), batch_size=32,
+        optimizer=optimizer, precision="fp64", progress=False, **kw,
+    )  # fmt: skip
+
+
+@functools.cache
+def _reference(model: str, optimizer: str):
+    return run_steps(_spec(model, optimizer), STEPS)
+
+
+def _params(models, cases):
+    return [
+        pytest.param(model, opt, case, id=f"{model}-{opt}-{_id(case)}",
+                     marks=() if (model, opt, _id(case)) in DEFAULT else pytest.mark.slow)
+        for model in models for case in cases for opt in OPTIMIZERS
+    ]  # fmt: skip
+
+
+def check(model: str, optimizer: str, case: tuple[str, dict]) -> None:
+    """The case in fp64 equals ``single`` over STEPS steps to 1e-10 (or the strategy
+    refuses the model in one line: skipped with it)."""
+    strategy, kw = case
+    spec = _spec(model, optimizer, strategy=strategy, **kw)
+    try:
+        built = build_quietly(spec)
+    except UsageError as e:
+        pytest.skip(f"refused: {e}")
+    if model == "resnet" and built.spec.microbatches > 1:
+        pytest.skip("BatchNorm statistics of a microbatch differ from the full batch's")
+    ref = _reference(model, optimizer)
+    d = assert_equivalent(spec, STEPS, reference=ref)
+    assert d.rel_l2 <= REL_L2, f"parameters' relative L2 {d.rel_l2:.2e} > {REL_L2:g}"
+    print(f"\n{model} {optimizer} {_id(case)}: relative L2 {d.rel_l2:.2e}", end="")
+
+
+def build_quietly(spec: RunSpec):
+    """The plan of ``spec`` (its refusals), in fp64's scope."""
+    from refdl.core import precision
+
+    with precision.scope("fp64"):
+        return build(spec)
+
+
+@pytest.mark.parametrize("model,optimizer,case", _params(sorted(SMALL), CASES))
+def test_fp64_strategy_equals_single(model, optimizer, case):
+    check(model, optimizer, case)
+
+
+@pytest.mark.parametrize("model,optimizer,case", _params(["deep_mlp"], SCHEDULES))
+def test_fp64_schedule_equals_single(model, optimizer, case):
+    check(model, optimizer, case)
+
+
+def test_fp64_catches_what_fp32_noise_hides():
+    """The proof can fail: a learning rate off by one part in 10^6 passes fp32's tolerance
+    and fails fp64's by orders of magnitude."""
+    lr = 0.01
+    ref = run_steps(_spec("mlp", "adam", lr=lr), STEPS)
+    off = _spec("mlp", "adam", strategy="data", devices=2, lr=lr * (1 + 1e-6))
+    d = compare(ref.params, run_steps(off, STEPS).params)
+    assert 100 * REL_L2 < d.rel_l2 < 1e-6, d  # past fp64's tolerance, inside fp32's
+    with pytest.raises(AssertionError):
+        assert_equivalent(off, STEPS, reference=ref)
