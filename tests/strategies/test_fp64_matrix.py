@@ -29,7 +29,7 @@ import pytest
 from refdl.config.spec import RunSpec
 from refdl.core.compare import compare
 from refdl.errors import UsageError
-from refdl.run.build import build
+from refdl.models import MODELS
 from refdl.run.trajectory import run_steps
 from refdl.testing import assert_equivalent
 
@@ -47,6 +47,11 @@ SMALL = {
 TOKENS = ("transformer", "lstm_lm", "moe")
 DEEP_MLP = (("hidden", "32,32,32,32,32,32"),)  # 8 layers: 2 stages x 2 chunks and more
 OPTIMIZERS = ("sgd", "momentum", "adam")
+# Adam at the rate it trains at, where a model's own rate is SGD's: at lenet5's 0.05 Adam
+# diverges (loss 2.75 after 20 steps, up from 2.30) and that unstable run turns the
+# ~1e-16 reorderings into 3.3e-10 (model x2); at 1e-2, 3e-3 and 1e-3 it keeps 5.6e-16,
+# 2.0e-16 and 7.9e-17 (2026-11-26).
+ADAM_LR = 0.003
 
 CASES = [
     ("data", {"devices": 8}),
@@ -76,10 +81,8 @@ SCHEDULES = [
 # By default: one case of each strategy family on the fast models, Adam (the optimizer
 # that defeated the fp32 proof), and the MoE hybrid of issue 48's report.
 DEFAULT = {
-    ("mlp", "adam", "data-devices=4-allreduce=ring-microbatches=2"),
     ("mlp", "adam", "fsdp-devices=4-zero=3-microbatches=2"),
     ("mlp", "adam", "hybrid-devices=8-mesh=data=2,fsdp=2,model=2"),
-    ("mlp", "momentum", "model-devices=2"),
     ("moe", "adam", "hybrid-devices=8-mesh=data=2,context=2,expert=2"),
     ("deep_mlp", "adam", "pipeline-devices=2-schedule=zbv-microbatches=4-chunks=1"),
 }
@@ -92,6 +95,9 @@ def _id(case: tuple[str, dict]) -> str:
 
 def _spec(model: str, optimizer: str, **kw) -> RunSpec:
     opts = DEEP_MLP if model == "deep_mlp" else SMALL[model]
+    name = "mlp" if model == "deep_mlp" else model
+    if optimizer == "adam" and MODELS.get(name).defaults["optimizer"] != "adam":
+        kw.setdefault("lr", ADAM_LR)
     return RunSpec(
         model="mlp" if model == "deep_mlp" else model, model_opts=opts,
         data_opts=(("seq_len", "8"),) if model in TOKENS else (), batch_size=32,
@@ -117,24 +123,15 @@ def check(model: str, optimizer: str, case: tuple[str, dict]) -> None:
     refuses the model in one line: skipped with it)."""
     strategy, kw = case
     spec = _spec(model, optimizer, strategy=strategy, **kw)
-    try:
-        built = build_quietly(spec)
-    except UsageError as e:
-        pytest.skip(f"refused: {e}")
-    if model == "resnet" and built.spec.microbatches > 1:
+    if model == "resnet" and (kw.get("microbatches", 1) > 1 or strategy == "pipeline"):
         pytest.skip("BatchNorm statistics of a microbatch differ from the full batch's")
     ref = _reference(model, optimizer)
-    d = assert_equivalent(spec, STEPS, reference=ref)
+    try:
+        d = assert_equivalent(spec, STEPS, reference=ref)
+    except UsageError as e:  # raised by the build, before any step
+        pytest.skip(f"refused: {e}")
     assert d.rel_l2 <= REL_L2, f"parameters' relative L2 {d.rel_l2:.2e} > {REL_L2:g}"
     print(f"\n{model} {optimizer} {_id(case)}: relative L2 {d.rel_l2:.2e}", end="")
-
-
-def build_quietly(spec: RunSpec):
-    """The plan of ``spec`` (its refusals), in fp64's scope."""
-    from refdl.core import precision
-
-    with precision.scope("fp64"):
-        return build(spec)
 
 
 @pytest.mark.parametrize("model,optimizer,case", _params(sorted(SMALL), CASES))
@@ -150,8 +147,8 @@ def test_fp64_schedule_equals_single(model, optimizer, case):
 def test_fp64_catches_what_fp32_noise_hides():
     """The proof can fail: a learning rate off by one part in 10^6 passes fp32's tolerance
     and fails fp64's by orders of magnitude."""
-    lr = 0.01
-    ref = run_steps(_spec("mlp", "adam", lr=lr), STEPS)
+    lr = ADAM_LR
+    ref = _reference("mlp", "adam")
     off = _spec("mlp", "adam", strategy="data", devices=2, lr=lr * (1 + 1e-6))
     d = compare(ref.params, run_steps(off, STEPS).params)
     assert 100 * REL_L2 < d.rel_l2 < 1e-6, d  # past fp64's tolerance, inside fp32's

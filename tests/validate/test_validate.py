@@ -127,13 +127,13 @@ def test_validate_cli_json_and_bad_input(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["passed"] and len(r["loss_abs_diff"]) == 3
     assert set(r["deep500"]) == {"NormDifference", "L2Error", "MaxError"}
-    # decentralized replicas never equal single's: no exact comparison with any framework
-    # (a synchronous strategy without a PyTorch twin, e.g. ps --ps-mode sync, is compared
-    # with plain PyTorch)
-    bad = run_module("refdl.validate", "--strategy", "decentralized", "--model", "mlp")
+    # a planted bug lives in the twins it names (tests/validate/test_torch_twins.py)
+    bad = run_module("refdl.validate", "--strategy", "fsdp", "--model", "mlp", "--plant-bug",
+                     "rowwise")  # fmt: skip
     assert bad.returncode == 2
-    assert (
-        bad.stderr.strip().splitlines()[-1].startswith("refdl.validate: error: the torch adapter")
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "refdl.validate: error: --plant-bug rowwise is planted in the model, hybrid twin, "
+        "not in --strategy fsdp's"
     )
 
 

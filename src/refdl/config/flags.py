@@ -39,10 +39,12 @@ def _help(field: dataclasses.Field) -> str:
     return f"{text} (default {field.default})"
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per RunSpec field, in its section of ``--help``."""
+def add_run_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per RunSpec field (``only`` those named), in its section of ``--help``."""
     groups: dict[str, Any] = {}
     for f in dataclasses.fields(RunSpec):
+        if only is not None and f.name not in only:
+            continue
         meta, value = f.metadata, _inner(f.metadata["value"])
         title = meta.get("group") or "options"
         group = groups.setdefault(title, parser.add_argument_group(title))

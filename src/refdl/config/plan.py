@@ -297,8 +297,10 @@ def check_precision(spec: RunSpec, traits: Traits, ranks: int) -> None:
         what = f"--compress {spec.compress}" if spec.compress else f"--allreduce {spec.allreduce}"
         raise UsageError(f"{what} sends fp32 values; --precision fp64 is for exact runs, drop one")
     if ranks > 1 and traits.multiprocess == "mpi":
-        raise UsageError("--precision fp64 runs the parameter server and gossip in one "
-                         "process (--simulate, or --devices); under mpirun they send fp32")  # fmt: skip
+        raise UsageError(
+            "--precision fp64 runs the parameter server and gossip in one "
+            "process (--simulate or --devices); under mpirun they send fp32"
+        )
 
 
 def check_launch(spec: RunSpec, strategy: str, traits: Traits, ranks: int) -> None:

@@ -253,14 +253,16 @@ class Decentralized(Strategy):
         ``unpack``: what is sent is a message, and this its value (default: itself)."""
         n, i = self.n, exchange.index()
         unpack = unpack or (lambda tree: tree)
+        own = unpack(params)
+        dtype = jax.tree.leaves(own)[0].dtype  # the weights in fp32, or fp64 in a proof
         if matching is not None:
             partner = self.matchings[matching]
             pairs = [(j, p) for j, p in enumerate(partner) if p >= 0]
-            half = jnp.asarray([0.5 if p >= 0 else 0.0 for p in partner], jnp.float32)[i]
+            half = jnp.asarray([0.5 if p >= 0 else 0.0 for p in partner], dtype)[i]
             recv = unpack(exchange(params, pairs))
-            return jax.tree.map(lambda x, r: (1 - half) * x + half * r, unpack(params), recv)
-        w = jnp.asarray(self.w, jnp.float32)
-        out = jax.tree.map(lambda x: w[i, i] * x, unpack(params))
+            return jax.tree.map(lambda x, r: (1 - half) * x + half * r, own, recv)
+        w = jnp.asarray(self.w, dtype)
+        out = jax.tree.map(lambda x: w[i, i] * x, own)
         for s in self.shifts:
             pairs = [(j, (j + s) % n) for j in range(n) if self.adj[(j + s) % n, j]]
             recv = unpack(exchange(params, pairs))

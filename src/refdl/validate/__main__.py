@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 
 from refdl.cli import Parser
+from refdl.config.flags import add_run_arguments
 from refdl.config.paths import writable_folder
 from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
@@ -53,6 +54,7 @@ from refdl.validate.asynchronous import print_async, validate_async
 from refdl.validate.exact import (
     FIRST_STEP_RTOL,
     FP64_RTOL,
+    SPEC_OPTIONS,
     ValidationFailed,
     print_report,
     validate,
@@ -96,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, help="workers/stages (default: 1 single, 2 otherwise)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--microbatches", type=int, help="pipeline microbatches (default 4)")
-    p.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe or 1f1b")
+    p.add_argument("--schedule", default="1f1b",
+                   help="pipeline schedule: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zbv "
+                        "or dualpipev (each run by PyTorch's own schedule class)")  # fmt: skip
     p.add_argument("--optimizer", help="sgd, momentum, nesterov or adam (default: the model's)")
     p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
     p.add_argument("--dataset", help="default: the model's")
@@ -118,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp64"],
                    help="both sides in float32, or in float64 (JAX's 64-bit mode, "
                         f"torch.float64; every tolerance {FP64_RTOL:g})")  # fmt: skip
+    add_run_arguments(p, only=SPEC_OPTIONS)  # the strategies' options, as refdl train has them
+    p.add_argument("--plant-bug", metavar="NAME",
+                   help="plant a realistic bug in PyTorch's side (checks that the check can "
+                        "fail): divide (FSDP2 sums gradients), rowwise (a RowwiseParallel "
+                        "left out), microbatch-scale (a stage's loss not scaled), "
+                        "expert-return (tokens back to the wrong rank), mixing (a wrong "
+                        "neighbour weight)")  # fmt: skip
     p.add_argument("--perturb", type=float, default=0.0,
                    help="add this relative noise to the PyTorch side's initial weights "
                         "(checks that the check can fail)")  # fmt: skip

@@ -35,7 +35,7 @@ from refdl.strategies import STRATEGIES, traits_of
 # twins) and the models. Any other strategy that declares itself synchronous is compared
 # with the framework's plain, one-device training (its parameters equal single's).
 COVERS = {
-    "torch": (adapter.TWINS, ("mlp", "lenet5", "resnet", "lstm_lm", "transformer")),
+    "torch": (adapter.TWINS, ("mlp", "lenet5", "resnet", "lstm_lm", "transformer", "moe")),
     "tensorflow": (("single", "data", "ps"), ("mlp", "lenet5", "lstm_lm")),
     "mxnet": (("single", "data", "ps"), ("mlp", "lenet5")),
 }
@@ -57,12 +57,16 @@ def twin_of(fw: str, strategy: str) -> str:
 # at lr 0.05 amplifies a 1e-7 difference ~1.8x per step: float32 PyTorch and refdl
 # each drift from float64 PyTorch by 1e-3 and 2e-2 by step 20).
 FIRST_STEP_RTOL = 1e-5
-PARAM_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 1e-1}
-LOSS_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 0.25}
+PARAM_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 1e-1,
+              "moe": 1e-4}  # fmt: skip
+LOSS_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 0.25,
+             "moe": 1e-4}  # fmt: skip
 # fp64 (``--precision fp64``): both sides in float64, so rounding moves a result by ~1e-16
 # a step and 20 steps stay below 1e-11 for every model (docs/validation.md's table); one
 # tolerance for all, 1e-9, still 10^6 below the smallest real bug the plants make.
 FP64_RTOL = 1e-9
+# The strategies' options refdl validate takes as refdl train does (the same RunSpec fields).
+SPEC_OPTIONS = ("zero", "mesh", "sequence_parallel", "chunks", "cp", "topology")
 
 
 def compare_params(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict:
@@ -116,8 +120,8 @@ def _reference_run(spec: Any, plain_layers: bool) -> Reference:
         losses.append(loss_value(step.metrics))
         times.append(step.seconds)
         if step.done == 1:
-            first = flatten(jax.device_get(strategy.gather_params(state)))
-    params = flatten(jax.device_get(strategy.gather_params(state)))
+            first = _model_params(strategy, state)
+    params = _model_params(strategy, state)
     lrs = [run.lr(t) for t in range(run.spec.steps)]
     return Reference(
         spec=run.spec,
@@ -132,6 +136,12 @@ def _reference_run(spec: Any, plain_layers: bool) -> Reference:
         step_times=times,
         layers=describe(run.task.model, run.task.sample_x) if plain_layers else None,
     )
+
+
+def _model_params(strategy: Any, state: Any) -> dict[str, np.ndarray]:
+    """The parameters of the model the run trains, on the host (the replicas' average
+    where a strategy keeps replicas, as refdl evaluates it)."""
+    return flatten(jax.device_get(strategy.eval_state(strategy.gather_state(state)).params))
 
 
 @dataclasses.dataclass
@@ -170,7 +180,7 @@ class ValidationFailed(RuntimeError):
 
 def torch_run(
     ref: Reference, strategy: str, devices: int, perturb: float, timeout: float,
-    native_bn: bool = False,
+    native_bn: bool = False, bug: str | None = None,
 ) -> Any:  # fmt: skip
     """The same training in PyTorch (``refdl.adapters.torch``)."""
     init = perturbed(ref.init_params, perturb)
@@ -186,9 +196,11 @@ def torch_run(
         loss=s.loss,
         native_bn=native_bn,
     )
-    r, impl = adapter.train_twin(strategy, plan, devices=devices, cuts=tuple(ref.boundaries or ()),
-                                 microbatches=s.microbatches, schedule=s.schedule,
-                                 timeout=timeout)  # fmt: skip
+    twin = adapter.Twin(strategy=strategy, devices=devices, cuts=tuple(ref.boundaries or ()),
+                        microbatches=s.microbatches, schedule=s.schedule, zero=s.zero,
+                        mesh=s.mesh, sequence_parallel=s.sequence_parallel,
+                        topology=s.topology, bug=bug)  # fmt: skip
+    r, impl = adapter.train_twin(twin, plan, timeout=timeout)
     return Other(r.losses, r.params, r.first_params, r.step_times, impl)
 
 
@@ -213,15 +225,16 @@ def check_coverage(args: argparse.Namespace) -> None:
     twin = twin_of(fw, args.strategy)
     if fw == "torch":
         adapter.require()
-        if twin == "pipeline" and args.schedule not in ("gpipe", "1f1b"):
-            raise UsageError("--schedule must be gpipe or 1f1b (PyTorch's pipelining twins)")
+        adapter.check_twin(twin, args.model, args.mesh, args.devices or 2, args.plant_bug)
         if twin == "data" and args.torch_batchnorm == "native":
             raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
-        if args.workers is not None:
-            raise UsageError("--workers is for --strategy ps and TensorFlow's multi-worker "
-                             "data; PyTorch's DDP processes are --devices")  # fmt: skip
+        if args.workers is not None and not traits.workers:
+            raise UsageError("--workers is for --strategy ps, decentralized and TensorFlow's "
+                             "multi-worker data; PyTorch's DDP ranks are --devices")  # fmt: skip
     else:
         process.require(fw)
+        if args.plant_bug:
+            raise UsageError("--plant-bug plants bugs in PyTorch's twins; use --framework torch")
     if traits.servers and args.ps_mode == "sync" and fw == "tensorflow":
         raise UsageError("TensorFlow's ParameterServerStrategy trains asynchronously: use "
                          "--ps-mode async, or --framework mxnet for dist_sync")  # fmt: skip
@@ -246,6 +259,7 @@ def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
             kw[name] = getattr(args, name)
     if "schedule" in traits.options:
         kw["schedule"] = args.schedule
+    kw.update({k: getattr(args, k) for k in SPEC_OPTIONS if getattr(args, k, None) is not None})
     if traits.workers:
         kw.update(simulate=True, workers=workers)
         if "ps_mode" in traits.options:
@@ -271,8 +285,8 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
           "minutes for tensorflow and mxnet)")  # fmt: skip
     if fw == "torch":
         other = torch_run(
-            ref, args.strategy, devices, args.perturb, args.timeout,
-            args.torch_batchnorm == "native",
+            ref, args.strategy, workers if traits.workers else devices, args.perturb, args.timeout,
+            args.torch_batchnorm == "native", args.plant_bug,
         )  # fmt: skip
     else:
         job = job_of(ref, twin_of(fw, args.strategy), devices, workers, "sync")
@@ -322,6 +336,11 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         **({"torch_loss": other.losses} if fw == "torch" else {}),
         "loss_abs_diff": loss_diff,
         "loss_max_rel_diff": max(loss_rel),
+        "loss_max_abs_diff": max(loss_diff),
+        # the first step whose loss is past the tolerance (None: none is)
+        "first_failing_step": next(
+            (t for t, v in enumerate(loss_rel) if not v <= tol["loss_rel"]), None
+        ),
         "param_max_abs_diff": params["max_abs"],
         "param_rel_l2_diff": params["rel_l2"],
         "param_l2_norm": params["norm_reference"],
@@ -368,8 +387,12 @@ def print_report(r: dict[str, Any]) -> None:
         f"{r['worst_tensor']} ({r['worst_tensor_rel_l2']:.2e}); Deep500 NormDifference "
         f"{d['NormDifference']:.3e}, L2Error {d['L2Error']:.3e}, MaxError {d['MaxError']:.3e}"
     )
+    where = ""
+    if r["first_failing_step"] is not None:
+        where = f"; the loss first differs at step {r['first_failing_step']}"
     print(
         "PASSED"
         if r["passed"]
         else f"FAILED: {fw} and refdl differ beyond the tolerance ({', '.join(r['failed'])})"
+        f"{where}; parameter that differs most: {r['worst_tensor']}"
     )

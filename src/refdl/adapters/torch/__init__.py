@@ -11,7 +11,6 @@ from refdl.adapters.torch.models import (
     require,
 )
 from refdl.adapters.torch.runners import (
-    TWINS,
     TorchResult,
     TrainPlan,
     loss_fn,
@@ -20,8 +19,8 @@ from refdl.adapters.torch.runners import (
     train_pipeline,
     train_single,
     train_single_apart,
-    train_twin,
 )
+from refdl.adapters.torch.twins import TWINS, Twin, check_twin, train_twin
 
 __all__ = [
     "INSTALL_HINT",
@@ -30,7 +29,9 @@ __all__ = [
     "ModelPlan",
     "TorchResult",
     "TrainPlan",
+    "Twin",
     "available",
+    "check_twin",
     "export",
     "flatten",
     "load",

@@ -24,6 +24,7 @@ No JAX is imported at module level, so spawned PyTorch workers start fast.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -352,15 +353,25 @@ if torch is not None:
             self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
             self.fc0 = Dense(f"{key}/Dense_0", d, mlp_dim, "gelu", True)
             self.fc1 = Dense(f"{key}/Dense_1", mlp_dim, d, None, True)
+            self.ffn = None
 
         def forward(self, x):
-            b, t, d = x.shape
+            b, t, _ = x.shape
             y = self.ln0(x)
-            q, k, v = (w(y).view(b, t, self.heads, self.hd).transpose(1, 2)
+            # -1 heads: under tensor parallelism a rank holds heads / tp of them
+            q, k, v = (w(y).view(b, t, -1, self.hd).transpose(1, 2)
                        for w in (self.wq, self.wk, self.wv))  # fmt: skip
             ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.wo(ctx.transpose(1, 2).reshape(b, t, d))
+            x = x + self.wo(ctx.transpose(1, 2).reshape(b, t, -1))
+            if self.ffn is not None:
+                return x + self.ffn(self.ln1(x))
             return x + self.fc1(self.fc0(self.ln1(x)))
+
+        def moe(self, ffn: Block) -> None:
+            """Replace the MLP by a mixture of experts (refdl's ``moe`` model)."""
+            del self.fc0, self.fc1
+            self.fc0 = self.fc1 = None
+            self.ffn = ffn
 
         def links(self):
             n, h = self.heads, self.hd
@@ -372,8 +383,63 @@ if torch is not None:
                        lambda a, n=n, h=h: a.T.reshape(-1, n, h))  # fmt: skip
             yield (f"{self.key}/wo", self.wo.weight, lambda a: a.reshape(-1, a.shape[-1]).T,
                    lambda a, n=n, h=h: a.T.reshape(n, h, -1))  # fmt: skip
-            yield from self.fc0.links()
-            yield from self.fc1.links()
+            for f in (self.fc0, self.fc1, self.ffn):
+                if f is not None:
+                    yield from f.links()
+
+    class MoEFeedForward(Block):
+        """refdl's mixture of experts (``refdl.core.moe``): the router in >= fp32, top-k
+        choices, gates renormalised (k > 1), ``C`` slots per expert and sequence given
+        first choices first then by position, a choice past ``C`` dropped; each expert a
+        GELU MLP. ``aux`` keeps the forward's load-balancing loss (added to the objective
+        by the runner). ``exchange(buffers, experts)`` reaches the experts where they are
+        split over ranks (``refdl.adapters.torch.experts``); by default they are here."""
+
+        def __init__(self, key, d, experts, top_k, factor, mlp_dim, aux_weight) -> None:
+            super().__init__()
+            self.key, self.e, self.k, self.factor = key, experts, top_k, factor
+            self.aux_weight = aux_weight
+            self.router = nn.Parameter(torch.zeros(d, experts))
+            self.w1 = nn.Parameter(torch.zeros(experts, d, mlp_dim))
+            self.b1 = nn.Parameter(torch.zeros(experts, mlp_dim))
+            self.w2 = nn.Parameter(torch.zeros(experts, mlp_dim, d))
+            self.b2 = nn.Parameter(torch.zeros(experts, d))
+            self.exchange = None
+            self.aux = None
+
+        def experts(self, buffers, lo: int = 0, hi: int | None = None):
+            """Experts ``lo..hi-1`` on their ``[B, E', C, D]`` buffers."""
+            w1, b1, w2, b2 = (p[lo:hi] for p in (self.w1, self.b1, self.w2, self.b2))
+            h = F.gelu(torch.einsum("becd,edf->becf", buffers, w1) + b1[None, :, None],
+                       approximate="tanh")  # fmt: skip
+            return torch.einsum("becf,efd->becd", h, w2) + b2[None, :, None]
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            e, k = self.e, self.k
+            slots = max(1, min(t, math.ceil(self.factor * t * k / e)))
+            wide = torch.promote_types(x.dtype, torch.float32)
+            probs = torch.softmax(x.to(wide) @ self.router.to(wide), dim=-1)
+            gates, chosen = torch.topk(probs, k, dim=-1)
+            if k > 1:
+                gates = gates / gates.sum(-1, keepdim=True)
+            onehot = F.one_hot(chosen, e)  # [B, T, k, E]
+            ranked = onehot.permute(0, 2, 1, 3).reshape(b, k * t, e)  # first choices first
+            slot = ((ranked.cumsum(1) - 1) * ranked).sum(-1).reshape(b, k, t).permute(0, 2, 1)
+            kept = slot < slots
+            place = F.one_hot(torch.where(kept, slot, slots), slots + 1)[..., :slots]
+            oh, place = onehot.to(probs.dtype), place.to(probs.dtype)
+            dispatch = torch.einsum("btke,btkc->btec", oh, place)
+            combine = torch.einsum("btke,btkc,btk->btec", oh, place, gates)
+            buffers = torch.einsum("btec,btd->becd", dispatch.to(x.dtype), x)
+            out = self.exchange(buffers, self) if self.exchange else self.experts(buffers)
+            share = onehot.to(wide).mean(2).mean(1)  # f [B, E]
+            self.aux = self.aux_weight * (e * (share * probs.mean(1)).sum(-1)).mean()
+            return torch.einsum("btec,becd->btd", combine.to(out.dtype), out)
+
+        def links(self):
+            for name in ("router", "w1", "b1", "w2", "b2"):
+                yield f"{self.key}/{name}", getattr(self, name), _same, _same
 
     class _ContiguousGrad(torch.autograd.Function):
         """Identity whose backward makes the gradient contiguous: a pipeline stage sends
@@ -416,7 +482,9 @@ def _layer_block(layer: Any, key: str, shape: tuple[int, ...], bn: str) -> Any:
     kind = type(layer)
     c = shape[-1] if shape else 0
     if kind is L.Dense:
-        return Dense(key, c, layer.features, layer.act, layer.use_bias)
+        block = Dense(key, c, layer.features, layer.act, layer.use_bias)
+        block.refdl_axes = (layer.in_axis, layer.out_axis)  # what tensor parallelism splits
+        return block
     if kind is L.Conv:
         return Conv(
             key, c, layer.features, layer.kernel_size, layer.strides, layer.padding,
@@ -441,10 +509,15 @@ def _layer_block(layer: Any, key: str, shape: tuple[int, ...], bn: str) -> Any:
     if kind is L.LayerNorm:
         return LayerNorm(key, c)
     if kind is L.TransformerBlock:
-        return TransformerBlock(key, c, layer.num_heads, layer.mlp_dim)
+        block = TransformerBlock(key, c, layer.num_heads, layer.mlp_dim)
+        if layer.ffn is not None:  # refdl.core.moe.MoEFeedForward
+            f = layer.ffn
+            block.moe(MoEFeedForward(f"{key}/ffn", c, f.experts, f.top_k, f.capacity_factor,
+                                     f.mlp_dim, f.aux_weight))  # fmt: skip
+        return block
     raise UsageError(
         f"the torch adapter has no twin for layer {type(layer).__name__} ({key}); "
-        "it covers mlp, lenet5, resnet, lstm_lm and transformer"
+        "it covers mlp, lenet5, resnet, lstm_lm, transformer and moe"
     )
 
 

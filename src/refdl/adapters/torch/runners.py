@@ -49,18 +49,23 @@ class TrainPlan:
     native_bn: bool = False  # torch.nn.BatchNorm2d instead of the adapter's BatchNorm2d
 
 
+def optimizer_class(name: str, momentum: float, weight_decay: float) -> tuple[type, dict]:
+    """The PyTorch optimizer class and keyword arguments (no ``lr``) that compute what
+    refdl's optax optimizer of ``name`` does."""
+    if name == "sgd":
+        return torch.optim.SGD, {"weight_decay": weight_decay}
+    if name in ("momentum", "nesterov"):
+        return torch.optim.SGD, {"momentum": momentum, "nesterov": name == "nesterov",
+                                 "weight_decay": weight_decay}  # fmt: skip
+    if name == "adam":
+        return torch.optim.Adam, {"eps": 1e-8, "weight_decay": weight_decay}
+    raise ValueError(f"no PyTorch twin for optimizer {name!r}")
+
+
 def make_optimizer(name: str, params: list, momentum: float, weight_decay: float):
     """The PyTorch optimizer that computes what refdl's optax optimizer of ``name`` does."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.0, weight_decay=weight_decay)
-    if name in ("momentum", "nesterov"):
-        return torch.optim.SGD(
-            params, lr=0.0, momentum=momentum, nesterov=name == "nesterov",
-            weight_decay=weight_decay,
-        )  # fmt: skip
-    if name == "adam":
-        return torch.optim.Adam(params, lr=0.0, eps=1e-8, weight_decay=weight_decay)
-    raise ValueError(f"no PyTorch twin for optimizer {name!r}")
+    cls, kwargs = optimizer_class(name, momentum, weight_decay)
+    return cls(params, lr=0.0, **kwargs)
 
 
 def loss_fn(name: str) -> Callable:
@@ -75,6 +80,12 @@ def loss_fn(name: str) -> Callable:
 
         return squared
     raise ValueError(f"no PyTorch twin for loss {name!r}")
+
+
+def aux_loss(model: Any) -> Any:
+    """The mixture-of-experts layers' load-balancing losses of the last forward (0 for a
+    model without any): refdl adds them to the objective, not to the reported loss."""
+    return sum(m.aux for m in model.modules() if getattr(m, "aux", None) is not None)
 
 
 def _tensor(a: np.ndarray):
@@ -107,7 +118,7 @@ def train_single(plan: TrainPlan) -> TorchResult:
             _set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
         loss = criterion(model(_tensor(batch["x"])), _tensor(batch["y"]))
-        loss.backward()
+        (loss + aux_loss(model)).backward()  # the reported loss stays the cross-entropy
         if opt is not None:
             opt.step()
         losses.append(float(loss.detach()))
@@ -252,74 +263,91 @@ def train_ddp(plan: TrainPlan, world: int, timeout: float = 600) -> TorchResult:
     return _read(_spawn(_ddp_rank, world, plan, None, timeout))
 
 
-def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+# refdl's schedules and PyTorch's classes that run them; and where stage ``i`` of
+# ``n`` sits among ``p`` ranks (looped: chunk c of rank s is stage c p + s; V: rank s
+# holds stages s and 2p - 1 - s), as refdl places them (refdl.config.choices).
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+             "zb-h1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}  # fmt: skip
+V_SHAPED = ("zbv", "dualpipev")
+SPLIT = ("zb-h1", "zbv", "dualpipev")  # backward split into input (B) and weight (W)
 
-    cuts, microbatches, schedule = extra
+
+def stages_of(rank: int, world: int, stages: int, schedule: str) -> list[int]:
+    """The pipeline stages rank ``rank`` of ``world`` holds, in PyTorch's order."""
+    if schedule in V_SHAPED:
+        return [rank, 2 * world - 1 - rank]
+    return list(range(rank, stages, world))
+
+
+def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
+
+    cuts, microbatches, schedule, bug = extra
     edges = [0, *cuts, len(plan.model.layers)]
+    n = len(edges) - 1
     bn = "native" if plan.native_bn else "local"
-    module = plan.model.build(plan.params, bn, start=edges[rank], stop=edges[rank + 1])
-    module.train()
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    mine = stages_of(rank, world, n, schedule)
+    modules = [plan.model.build(plan.params, bn, start=edges[i], stop=edges[i + 1]) for i in mine]
+    stages = [PipelineStage(m.train(), i, n, torch.device("cpu"))
+              for m, i in zip(modules, mine, strict=True)]  # fmt: skip
+    cls = getattr(pipelining, SCHEDULES[schedule])
     # scale_grads: PyTorch sums the microbatches' gradients and then divides by their
-    # number, so the step takes the full batch's mean gradient, as refdl's does.
-    sched = cls(stage, n_microbatches=microbatches, loss_fn=loss_fn(plan.loss), scale_grads=True)
+    # number, so the step takes the full batch's mean gradient, as refdl's does (the
+    # planted bug leaves the sum).
+    one = schedule in ("gpipe", "1f1b")
+    sched = cls(stages[0] if one else stages, n_microbatches=microbatches,
+                loss_fn=loss_fn(plan.loss), scale_grads=bug != "microbatch-scale")  # fmt: skip
     # A stage without parameters (e.g. a lone Flatten) has nothing to update.
-    params = _trainable(module)
+    params = [p for m in modules for p in _trainable(m)]
     opt = None
     if params:
         opt = make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay)
+    first_here, last_here = 0 in mine, n - 1 in mine
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
         t0 = time.perf_counter()
         if opt is not None:
             _set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
-        if rank == 0:
-            sched.step(_tensor(batch["x"]))
-        elif rank == world - 1:
-            mb_losses: list = []
-            sched.step(target=_tensor(batch["y"]), losses=mb_losses)
+        x = _tensor(batch["x"])
+        if schedule in SPLIT and x.is_floating_point():
+            # PyTorch's split backward captures a stage's weight gradients through its
+            # input's graph; where a stage's input needs no gradient (after a first stage
+            # with no parameters, mlp's Flatten) only stage 0 falls back to a full
+            # backward (stage.py's backward_weight_one_chunk, "TODO") and stage 1's
+            # gradients come out wrong (2e-3 after one update). An input that requires
+            # grad keeps every stage's graph whole.
+            x.requires_grad_(True)
+        args = (x,) if first_here else ()
+        mb_losses: list = []
+        kw = {"target": _tensor(batch["y"]), "losses": mb_losses} if last_here else {}
+        sched.step(*args, **kw)
+        if last_here:
             losses.append(float(torch.stack([v.detach() for v in mb_losses]).mean()))
-        else:
-            sched.step()
         if opt is not None:
             opt.step()
         times.append(time.perf_counter() - t0)
         if len(times) == 1:
-            first = export(module)
-    _save(out / f"rank{rank}.npz", export(module), losses, times, first)
+            first = {k: v for m in modules for k, v in export(m).items()}
+    params_out = {k: v for m in modules for k, v in export(m).items()}
+    _save(out / f"rank{rank}.npz", params_out, losses, times, first)
 
 
 def train_pipeline(
     plan: TrainPlan, cuts: list[int], microbatches: int, schedule: str = "1f1b",
-    timeout: float = 600,
-) -> TorchResult:  # fmt: skip
-    """``torch.distributed.pipelining`` with one stage per process, cut at refdl's layer
-    indices ``cuts``; ``schedule`` is ``gpipe`` or ``1f1b``."""
-    require()
-    if schedule not in ("gpipe", "1f1b"):
-        raise UsageError(f"PyTorch pipelining twin exists for gpipe and 1f1b, not {schedule!r}")
-    world = len(cuts) + 1
-    return _read(_spawn(_pipe_rank, world, plan, (list(cuts), microbatches, schedule), timeout))
-
-
-# The refdl strategies PyTorch runs its own way; any other synchronous strategy is compared
-# with plain PyTorch, since its parameters after N steps equal ``single``'s.
-TWINS = ("single", "data", "pipeline")
-
-
-def train_twin(
-    strategy: str, plan: TrainPlan, *, devices: int = 1, cuts: tuple[int, ...] = (),
-    microbatches: int = 1, schedule: str = "1f1b", timeout: float = 600, apart: bool = False,
+    timeout: float = 600, bug: str | None = None, world: int | None = None,
 ) -> tuple[TorchResult, str]:  # fmt: skip
-    """PyTorch's twin of ``strategy`` on ``plan`` (plain PyTorch for a strategy without
-    one; ``apart``: plain PyTorch in a process of its own) and what ran, in words."""
-    twin = strategy if strategy in TWINS else "single"
-    if twin == "data":
-        return train_ddp(plan, devices, timeout), f"DDP over gloo, {devices} processes"
-    if twin == "pipeline":
-        result = train_pipeline(plan, list(cuts), microbatches, schedule, timeout)
-        return result, f"torch.distributed.pipelining {schedule}"
-    return (train_single_apart(plan, timeout) if apart else train_single(plan)), "plain PyTorch"
+    """``torch.distributed.pipelining`` with refdl's stages (cut at its layer indices
+    ``cuts``) placed on ranks as refdl places them, run by PyTorch's class for
+    ``schedule`` on ``world`` ranks (default: two stages a rank for the V schedules, one
+    otherwise); returns the result and the class's name."""
+    require()
+    if schedule not in SCHEDULES:
+        raise UsageError(f"PyTorch runs the schedules {', '.join(SCHEDULES)}, not {schedule!r}")
+    stages = len(cuts) + 1
+    world = world or (stages // 2 if schedule in V_SHAPED else stages)
+    extra = (list(cuts), microbatches, schedule, bug)
+    return _read(_spawn(_pipe_rank, world, plan, extra, timeout)), SCHEDULES[schedule]

@@ -1,0 +1,109 @@
+"""Which of PyTorch's own implementations runs as the twin of a refdl strategy, and how.
+
+``Twin`` is a strategy's settings as the PyTorch side needs them (refdl's ``RunSpec``
+fields, read once); ``train_twin`` dispatches: plain PyTorch, ``DistributedDataParallel``,
+``torch.distributed.pipelining``'s schedule classes, FSDP2 and DTensor tensor parallelism
+(``refdl.adapters.torch.sharded``), a mixture of experts over ``all_to_all_single`` and
+D-PSGD over ``isend``/``irecv`` (``refdl.adapters.torch.gossip``). ``check_twin`` refuses
+what no twin covers in one line, before any run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from refdl.adapters.torch import gossip, sharded
+from refdl.adapters.torch.runners import (
+    TorchResult,
+    TrainPlan,
+    train_ddp,
+    train_pipeline,
+    train_single,
+    train_single_apart,
+)
+from refdl.config.mesh import MeshSpec
+from refdl.errors import UsageError
+
+# The refdl strategies PyTorch runs its own way; any other synchronous strategy is compared
+# with plain PyTorch, since its parameters after N steps equal ``single``'s.
+TWINS = ("single", "data", "pipeline", "fsdp", "model", "hybrid", "decentralized")
+# Each planted bug and the twins it is planted in (refdl validate --plant-bug).
+BUGS = {"divide": ("fsdp", "hybrid"), "rowwise": ("model", "hybrid"),
+        "microbatch-scale": ("pipeline",), "expert-return": ("hybrid",),
+        "mixing": ("decentralized",)}  # fmt: skip
+HYBRID_AXES = {"data", "fsdp", "model", "expert"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Twin:
+    """A refdl strategy's settings as PyTorch's side needs them."""
+
+    strategy: str = "single"
+    devices: int = 1
+    cuts: tuple[int, ...] = ()
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    zero: int = 3
+    mesh: str | None = None
+    sequence_parallel: bool = False
+    topology: str = "ring"
+    bug: str | None = None
+
+    def degrees(self) -> dict[str, int]:
+        """The hybrid mesh's degrees by axis name."""
+        return {a: d for a, d in MeshSpec.parse(self.mesh, self.devices).as_dict().items()
+                if d > 1}  # fmt: skip
+
+
+def check_twin(strategy: str, model: str, mesh: str | None, devices: int, bug: str | None) -> None:
+    """One line for what no PyTorch twin covers."""
+    if bug is not None:
+        if bug not in BUGS:
+            raise UsageError(f"--plant-bug {bug}: choose one of {', '.join(BUGS)}")
+        if strategy not in BUGS[bug]:
+            raise UsageError(f"--plant-bug {bug} is planted in the {', '.join(BUGS[bug])} "
+                             f"twin, not in --strategy {strategy}'s")  # fmt: skip
+    if strategy == "hybrid" and mesh:
+        axes = {a for a, d in MeshSpec.parse(mesh, devices).as_dict().items() if d > 1}
+        if extra := sorted(axes - HYBRID_AXES):
+            raise UsageError(f"PyTorch's hybrid twin composes data, fsdp, model and expert "
+                             f"axes; --mesh has {', '.join(extra)}")  # fmt: skip
+        if "expert" in axes and (model != "moe" or axes - {"data", "expert"}):
+            raise UsageError("PyTorch's expert twin runs --model moe on --mesh data=D,expert=E")
+    if model == "moe" and strategy not in ("hybrid", "single"):
+        raise UsageError("PyTorch's twin of --model moe is the expert-parallel hybrid "
+                         "(--mesh data=D,expert=E) or plain training (single)")  # fmt: skip
+
+
+def train_twin(
+    twin: Twin, plan: TrainPlan, *, timeout: float = 600, apart: bool = False
+) -> tuple[TorchResult, str]:
+    """PyTorch's twin of ``twin.strategy`` on ``plan`` and what ran, in words (plain
+    PyTorch for a strategy without one; ``apart``: plain PyTorch in its own process)."""
+    s = twin.strategy if twin.strategy in TWINS else "single"
+    if s == "data":
+        return train_ddp(plan, twin.devices, timeout), f"DDP over gloo, {twin.devices} processes"
+    if s == "pipeline":
+        result, cls = train_pipeline(plan, list(twin.cuts), twin.microbatches, twin.schedule,
+                                     timeout, bug=twin.bug, world=twin.devices)  # fmt: skip
+        return result, f"torch.distributed.pipelining {cls}"
+    if s == "fsdp":
+        layout = sharded.Layout(dp=twin.devices, zero=twin.zero, bug=twin.bug)
+    elif s == "model":
+        layout = sharded.Layout(tp=twin.devices, sequence=twin.sequence_parallel, bug=twin.bug)
+    elif s == "hybrid":
+        d = twin.degrees()
+        if d.get("expert", 1) > 1:
+            from refdl.adapters.torch import experts
+
+            result = experts.train_experts(plan, d.get("data", 1), d["expert"], twin.bug, timeout)
+            return result, experts.describe(d.get("data", 1), d["expert"])
+        layout = sharded.Layout(dp=d.get("data", 1) * d.get("fsdp", 1), tp=d.get("model", 1),
+                                bug=twin.bug)  # fmt: skip
+    elif s == "decentralized":
+        result = gossip.train_gossip(plan, twin.devices, twin.topology, twin.bug, timeout)
+        return result, gossip.describe(twin.devices, twin.topology)
+    else:
+        single = train_single_apart(plan, timeout) if apart else train_single(plan)
+        return single, "plain PyTorch"
+    return sharded.train_sharded(plan, layout, timeout), sharded.describe(layout)
