@@ -682,7 +682,8 @@ def test_mpi_compressed_gossip_equals_serial(tmp_path):
     assert s["consensus_distance"] == pytest.approx(serial["consensus_distance"], rel=1e-3)
 
 
-@pytest.mark.parametrize("topo,gossip", [("torus", False), ("ring", False), ("torus", True)])
+@pytest.mark.parametrize("topo,gossip", [pytest.param("torus", False, marks=pytest.mark.slow),
+                                         ("ring", False), ("torus", True)])  # fmt: skip
 def test_every_executors_mixing_equals_a_dense_metropolis_product(topo, gossip):
     """The oracle of the one mixing (``Decentralized.mix``): replica i receives
     ``sum_j W_ij x_j`` with W the dense Metropolis matrix (under gossip, the matched pairs'

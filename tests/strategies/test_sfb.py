@@ -46,6 +46,7 @@ def test_factored_steps_equal_single(reference, kw):
                       loss_rtol=RTOL, loss_atol=ATOL)  # fmt: skip
 
 
+@pytest.mark.slow  # the default suite's time (15 min on 2 cores; 19 min 23 s measured 2026-11-26)
 def test_a_language_models_head_factors_over_its_tokens():
     """The transformer's output layer sees batch x sequence rows; all of them gather."""
     model = {"model": "transformer", "data_opts": (("seq_len", "8"),), "batch_size": 16,

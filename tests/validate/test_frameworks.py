@@ -33,7 +33,8 @@ def validate_json(*args: str, timeout: float = 600) -> tuple[int, dict]:
 
 
 ACCEPTANCE = [
-    ("tensorflow", ["--strategy", "single", "--model", "lenet5"], "tf.function"),
+    pytest.param("tensorflow", ["--strategy", "single", "--model", "lenet5"], "tf.function",
+                 marks=pytest.mark.slow),  # 25 s; mxnet's single stays in the default run
     pytest.param("tensorflow", ["--strategy", "data", "--devices", "2", "--model", "mlp"],
                  "MirroredStrategy (2 replicas)", marks=pytest.mark.slow),
     ("mxnet", ["--strategy", "single", "--model", "mlp"], "one CPU context"),

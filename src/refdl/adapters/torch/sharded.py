@@ -78,7 +78,7 @@ def _tp_plan(model: Any, sequence: bool, bug: str | None) -> dict[str, Any]:
         SequenceParallel,
     )
 
-    from refdl.adapters.torch import models as tm
+    from refdl.adapters.torch.models import Dense, LayerNorm, TransformerBlock
 
     def col():
         return ColwiseParallel(input_layouts=Shard(1)) if sequence else ColwiseParallel()
@@ -92,11 +92,11 @@ def _tp_plan(model: Any, sequence: bool, bug: str | None) -> dict[str, Any]:
 
     plan: dict[str, Any] = {}
     blocks = list(model.blocks)
-    first_block = next((i for i, b in enumerate(blocks) if isinstance(b, tm.TransformerBlock)),
+    first_block = next((i for i, b in enumerate(blocks) if isinstance(b, TransformerBlock)),
                        None)  # fmt: skip
     for i, b in enumerate(blocks):
         name = f"blocks.{i}"
-        if isinstance(b, tm.Dense):
+        if isinstance(b, Dense):
             layer = getattr(b, "refdl_axes", (None, None))
             if layer[1] == "mlp":
                 plan[f"{name}.linear"] = ColwiseParallel()
@@ -106,7 +106,7 @@ def _tp_plan(model: Any, sequence: bool, bug: str | None) -> dict[str, Any]:
                 plan[name] = PrepareModuleInput(input_layouts=Shard(1),
                                                 desired_input_layouts=Replicate(),
                                                 use_local_output=True)  # fmt: skip
-        elif isinstance(b, tm.TransformerBlock):
+        elif isinstance(b, TransformerBlock):
             if sequence:
                 plan[f"{name}.ln0.norm"] = SequenceParallel()
                 plan[f"{name}.ln1.norm"] = SequenceParallel()
@@ -119,7 +119,7 @@ def _tp_plan(model: Any, sequence: bool, bug: str | None) -> dict[str, Any]:
             plan[f"{name}.wo"] = row()
             plan[f"{name}.fc0.linear"] = col()
             plan[f"{name}.fc1.linear"] = row()
-        elif isinstance(b, tm.LayerNorm) and sequence and first_block is not None:
+        elif isinstance(b, LayerNorm) and sequence and first_block is not None:
             plan[f"{name}.norm"] = SequenceParallel()
     return plan
 

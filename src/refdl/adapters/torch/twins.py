@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from refdl.adapters.torch import gossip, sharded
+from refdl.adapters.torch.experts import describe as describe_experts
+from refdl.adapters.torch.experts import train_experts
+from refdl.adapters.torch.gossip import describe as describe_gossip
+from refdl.adapters.torch.gossip import train_gossip
 from refdl.adapters.torch.runners import (
     TorchResult,
     TrainPlan,
@@ -21,6 +24,8 @@ from refdl.adapters.torch.runners import (
     train_single,
     train_single_apart,
 )
+from refdl.adapters.torch.sharded import Layout, train_sharded
+from refdl.adapters.torch.sharded import describe as describe_sharded
 from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
 
@@ -88,22 +93,20 @@ def train_twin(
                                      timeout, bug=twin.bug, world=twin.devices)  # fmt: skip
         return result, f"torch.distributed.pipelining {cls}"
     if s == "fsdp":
-        layout = sharded.Layout(dp=twin.devices, zero=twin.zero, bug=twin.bug)
+        layout = Layout(dp=twin.devices, zero=twin.zero, bug=twin.bug)
     elif s == "model":
-        layout = sharded.Layout(tp=twin.devices, sequence=twin.sequence_parallel, bug=twin.bug)
+        layout = Layout(tp=twin.devices, sequence=twin.sequence_parallel, bug=twin.bug)
     elif s == "hybrid":
         d = twin.degrees()
         if d.get("expert", 1) > 1:
-            from refdl.adapters.torch import experts
-
-            result = experts.train_experts(plan, d.get("data", 1), d["expert"], twin.bug, timeout)
-            return result, experts.describe(d.get("data", 1), d["expert"])
-        layout = sharded.Layout(dp=d.get("data", 1) * d.get("fsdp", 1), tp=d.get("model", 1),
+            result = train_experts(plan, d.get("data", 1), d["expert"], twin.bug, timeout)
+            return result, describe_experts(d.get("data", 1), d["expert"])
+        layout = Layout(dp=d.get("data", 1) * d.get("fsdp", 1), tp=d.get("model", 1),
                                 bug=twin.bug)  # fmt: skip
     elif s == "decentralized":
-        result = gossip.train_gossip(plan, twin.devices, twin.topology, twin.bug, timeout)
-        return result, gossip.describe(twin.devices, twin.topology)
+        result = train_gossip(plan, twin.devices, twin.topology, twin.bug, timeout)
+        return result, describe_gossip(twin.devices, twin.topology)
     else:
         single = train_single_apart(plan, timeout) if apart else train_single(plan)
         return single, "plain PyTorch"
-    return sharded.train_sharded(plan, layout, timeout), sharded.describe(layout)
+    return train_sharded(plan, layout, timeout), describe_sharded(layout)
