@@ -309,6 +309,7 @@ def test_gpu_rows_write_puts_back_removed_rows_in_calibration(tmp_path):
     assert data.read_text() == before
 
 
+@pytest.mark.slow  # the default suite's time (15 min on 2 cores; 16 min 8 s, 2026-11-26)
 def test_a_scaling_series_is_one_machines_rows(bench_json):
     # DeepLearningExamples' MXNet tables: the DGX-2's 16-GPU row scales against the DGX-2's
     # own 1-GPU row (1492 images/s: 21484 / 16 / 1492 = 0.900, the table's 14.39 / 16), never
@@ -326,6 +327,7 @@ def test_a_scaling_series_is_one_machines_rows(bench_json):
     assert all("no smaller worker count" in rows[p.index]["skipped"] for p in ec2)
 
 
+@pytest.mark.slow  # the default suite's time (15 min on 2 cores; 16 min 8 s, 2026-11-26)
 def test_parallel_points_are_predicted_on_held_out_layouts(bench_json):
     """Issue 35 item 8: GPT-scale transformers on stated layouts (tensor, pipeline, data,
     context, expert; sequence parallelism, recomputation) predicted by ``predict
@@ -352,6 +354,7 @@ def test_parallel_points_are_predicted_on_held_out_layouts(bench_json):
     assert {"mixtral-8x7b", "llama3.1-70b-s8192", "megatron-gpt-175b"} <= kinds
 
 
+@pytest.mark.slow  # the default suite's time (15 min on 2 cores; 16 min 8 s, 2026-11-26)
 def test_configuration_searches_are_ranked_and_reported(bench_json):
     """Issue 37 item 4: published configuration searches (several layouts of one model on
     one machine, measured or with the fastest stated) held out of every fit; how often
