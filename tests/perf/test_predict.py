@@ -326,7 +326,7 @@ def test_tensor_collectives_walk_the_layers_by_hand():
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("model", ["mlp", "lenet5"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("lenet5", marks=pytest.mark.slow)])
 def test_tensor_collectives_are_those_of_the_compiled_model_parallel_step(model):
     """The cost model's collectives equal, op for op and byte for byte, the all-reduces
     and all-gathers XLA's partitioner put in refdl's compiled 2-way model-parallel step."""

@@ -58,6 +58,7 @@ def runs(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # the default suite's time (15 min on 2 cores; 15 min 25 s, 2026-11-26)
 def test_a_synchronous_strategy_on_a_schedule_equals_single_on_it(runs):
     """data on 4 devices, batch 64 then 128 from step 10: single's parameters (rtol 1e-5);
     one compilation more than the fixed batch's (the second size's step)."""

@@ -41,7 +41,13 @@ def run_module(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "model",
-    ["mlp", "lenet5", pytest.param("resnet", marks=pytest.mark.slow), "lstm_lm", "transformer"],
+    [
+        "mlp",
+        pytest.param("lenet5", marks=pytest.mark.slow),  # slow: the suite's 15 min
+        pytest.param("resnet", marks=pytest.mark.slow),
+        "lstm_lm",
+        "transformer",
+    ],
 )
 def test_converted_model_computes_refdls_forward_pass(model):
     import jax.numpy as jnp

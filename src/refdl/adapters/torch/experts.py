@@ -24,14 +24,15 @@ from refdl.adapters.torch.runners import (
     TorchResult,
     TrainPlan,
     _read,
-    _save,
     _set_lr,
     _spawn,
     _tensor,
     _trainable,
     aux_loss,
+    global_mean,
     loss_fn,
     make_optimizer,
+    save_rank,
 )
 
 
@@ -56,7 +57,6 @@ def _exchange(group: Any, ep: int, index: int, bug: str | None):
 
 
 def _rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
-    import torch
     import torch.distributed as dist
 
     ep, bug = extra
@@ -86,17 +86,11 @@ def _rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None
             dist.all_reduce(p.grad)
             p.grad /= world
         opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
+        losses.append(global_mean(loss, world))
         times.append(time.perf_counter() - t0)
-        losses.append(float(mean) / world)
         if len(losses) == 1:
             first = export(model)
-    if rank == 0:
-        _save(out / "rank0.npz", export(model), losses, times, first)
-    else:
-        _save(out / f"rank{rank}.npz", {}, [], [], {})
-    del torch
+    save_rank(out, rank, export(model), losses, times, first)
 
 
 def train_experts(

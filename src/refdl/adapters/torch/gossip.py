@@ -21,13 +21,14 @@ from refdl.adapters.torch.runners import (
     TorchResult,
     TrainPlan,
     _read,
-    _save,
     _set_lr,
     _spawn,
     _tensor,
     _trainable,
+    global_mean,
     loss_fn,
     make_optimizer,
+    save_rank,
 )
 from refdl.comm import topology
 from refdl.data.order import worker_share
@@ -93,17 +94,11 @@ def _rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None
         loss.backward()
         opt.step()
         mix()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
+        losses.append(global_mean(loss, world))
         times.append(time.perf_counter() - t0)
-        losses.append(float(mean) / world)
         if len(losses) == 1:
             first = average()
-    params_out = average()
-    if rank == 0:
-        _save(out / "rank0.npz", params_out, losses, times, first)
-    else:
-        _save(out / f"rank{rank}.npz", {}, [], [], {})
+    save_rank(out, rank, average(), losses, times, first)
 
 
 def train_gossip(

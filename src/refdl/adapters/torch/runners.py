@@ -189,6 +189,24 @@ def _save(path: Path, params: Flat, losses: list[float], times: list[float], fir
              __losses=np.asarray(losses), __times=np.asarray(times))  # fmt: skip
 
 
+def global_mean(loss: Any, world: int) -> float:
+    """The mean over ``world`` ranks of each rank's loss (a collective)."""
+    import torch.distributed as dist
+
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return float(total) / world
+
+
+def save_rank(out: Path, rank: int, params: Flat, losses: list[float], times: list[float],
+              first: Flat) -> None:  # fmt: skip
+    """Rank 0 writes the run's result; the others an empty file (``_read`` takes rank 0's)."""
+    if rank == 0:
+        _save(out / "rank0.npz", params, losses, times, first)
+    else:
+        _save(out / f"rank{rank}.npz", {}, [], [], {})
+
+
 def _read(paths: list[Path]) -> TorchResult:
     params: Flat = {}
     first: Flat = {}
@@ -209,7 +227,6 @@ def _read(paths: list[Path]) -> TorchResult:
 
 
 def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None:
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = plan.model.build(plan.params, bn="sync")
@@ -237,16 +254,11 @@ def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> 
         loss.backward()  # DDP averages the gradients over the ranks here
         if opt is not None:
             opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
+        losses.append(global_mean(loss, world))
         times.append(time.perf_counter() - t0)
-        losses.append(float(mean) / world)
         if len(losses) == 1:
             first = export(model)
-    if rank == 0:
-        _save(out / "rank0.npz", export(model), losses, times, first)
-    else:
-        _save(out / f"rank{rank}.npz", {}, [], [], {})
+    save_rank(out, rank, export(model), losses, times, first)
 
 
 def train_ddp(plan: TrainPlan, world: int, timeout: float = 600) -> TorchResult:

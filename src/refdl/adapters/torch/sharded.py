@@ -27,13 +27,14 @@ from refdl.adapters.torch.runners import (
     TorchResult,
     TrainPlan,
     _read,
-    _save,
     _set_lr,
     _spawn,
     _tensor,
     _trainable,
+    global_mean,
     loss_fn,
     optimizer_class,
+    save_rank,
 )
 from refdl.errors import UsageError
 
@@ -125,8 +126,6 @@ def _tp_plan(model: Any, sequence: bool, bug: str | None) -> dict[str, Any]:
 
 
 def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> None:
-    import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     # Two notes that say nothing to a refdl user: full_tensor() of a 2-D sharded weight
@@ -154,7 +153,9 @@ def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> 
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model, broadcast_buffers=False)
+        with warnings.catch_warnings():  # rank-local buffers, as runners._ddp_rank says
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+            net = DDP(model, broadcast_buffers=False)
         opt = ZeroRedundancyOptimizer(_trainable(model), optimizer_class=cls, lr=0.0, **kwargs)
     elif layout.dp > 1:
         from torch.distributed.fsdp import fully_shard
@@ -184,18 +185,11 @@ def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> 
             for p in _trainable(model):  # (a divide factor off by the mesh size; FSDP2's
                 p.grad.mul_(layout.dp)  # set_gradient_divide_factor needs PREMUL_SUM)
         opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
+        losses.append(global_mean(loss, world))  # every tp rank of a dp shard holds its loss
         times.append(time.perf_counter() - t0)
-        losses.append(float(mean) / world)  # every tp rank of a dp shard holds its loss
         if len(losses) == 1:
             first = export_full(model)
-    params = export_full(model)
-    if rank == 0:
-        _save(out / "rank0.npz", params, losses, times, first)
-    else:
-        _save(out / f"rank{rank}.npz", {}, [], [], {})
-    del torch
+    save_rank(out, rank, export_full(model), losses, times, first)
 
 
 def train_sharded(plan: TrainPlan, layout: Layout, timeout: float = 600) -> TorchResult:
