@@ -31,12 +31,12 @@ from refdl.errors import UsageError
 
 # The refdl strategies PyTorch runs its own way; any other synchronous strategy is compared
 # with plain PyTorch, since its parameters after N steps equal ``single``'s.
-TWINS = ("single", "data", "pipeline", "fsdp", "model", "hybrid", "decentralized")
 # Each planted bug and the twins it is planted in (refdl validate --plant-bug).
 BUGS = {"divide": ("fsdp", "hybrid"), "rowwise": ("model", "hybrid"),
         "microbatch-scale": ("pipeline",), "expert-return": ("hybrid",),
         "mixing": ("decentralized",)}  # fmt: skip
 HYBRID_AXES = {"data", "fsdp", "model", "expert"}
+MOE_TWINS = ("single", "hybrid")  # the twins that run refdl's mixture of experts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,16 +68,60 @@ def check_twin(strategy: str, model: str, mesh: str | None, devices: int, bug: s
         if strategy not in BUGS[bug]:
             raise UsageError(f"--plant-bug {bug} is planted in the {', '.join(BUGS[bug])} "
                              f"twin, not in --strategy {strategy}'s")  # fmt: skip
-    if strategy == "hybrid" and mesh:
+    if mesh:  # a mesh of several axes (the strategy's own checks refuse it elsewhere)
         axes = {a for a, d in MeshSpec.parse(mesh, devices).as_dict().items() if d > 1}
         if extra := sorted(axes - HYBRID_AXES):
             raise UsageError(f"PyTorch's hybrid twin composes data, fsdp, model and expert "
                              f"axes; --mesh has {', '.join(extra)}")  # fmt: skip
         if "expert" in axes and (model != "moe" or axes - {"data", "expert"}):
             raise UsageError("PyTorch's expert twin runs --model moe on --mesh data=D,expert=E")
-    if model == "moe" and strategy not in ("hybrid", "single"):
+    if model == "moe" and strategy not in MOE_TWINS:
         raise UsageError("PyTorch's twin of --model moe is the expert-parallel hybrid "
                          "(--mesh data=D,expert=E) or plain training (single)")  # fmt: skip
+
+
+def _ddp(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    return train_ddp(plan, t.devices, timeout), f"DDP over gloo, {t.devices} processes"
+
+
+def _pipeline(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    result, cls = train_pipeline(plan, list(t.cuts), t.microbatches, t.schedule, timeout,
+                                 bug=t.bug, world=t.devices)  # fmt: skip
+    return result, f"torch.distributed.pipelining {cls}"
+
+
+def _sharded(layout: Layout, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    return train_sharded(plan, layout, timeout), describe_sharded(layout)
+
+
+def _fsdp(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    return _sharded(Layout(dp=t.devices, zero=t.zero, bug=t.bug), plan, timeout)
+
+
+def _tensor(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    layout = Layout(tp=t.devices, sequence=t.sequence_parallel, bug=t.bug)
+    return _sharded(layout, plan, timeout)
+
+
+def _hybrid(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    d = t.degrees()
+    data = d.get("data", 1)
+    if d.get("expert", 1) > 1:
+        result = train_experts(plan, data, d["expert"], t.bug, timeout)
+        return result, describe_experts(data, d["expert"])
+    layout = Layout(dp=data * d.get("fsdp", 1), tp=d.get("model", 1), bug=t.bug)
+    return _sharded(layout, plan, timeout)
+
+
+def _gossip(t: Twin, plan: TrainPlan, timeout: float) -> tuple[TorchResult, str]:
+    result = train_gossip(plan, t.devices, t.topology, t.bug, timeout)
+    return result, describe_gossip(t.devices, t.topology)
+
+
+# refdl strategy -> the runner of its PyTorch twin (the adapter's table; single's is
+# plain PyTorch, below).
+RUNNERS = {"data": _ddp, "pipeline": _pipeline, "fsdp": _fsdp, "model": _tensor,
+           "hybrid": _hybrid, "decentralized": _gossip}  # fmt: skip
 
 
 def train_twin(
@@ -85,28 +129,12 @@ def train_twin(
 ) -> tuple[TorchResult, str]:
     """PyTorch's twin of ``twin.strategy`` on ``plan`` and what ran, in words (plain
     PyTorch for a strategy without one; ``apart``: plain PyTorch in its own process)."""
-    s = twin.strategy if twin.strategy in TWINS else "single"
-    if s == "data":
-        return train_ddp(plan, twin.devices, timeout), f"DDP over gloo, {twin.devices} processes"
-    if s == "pipeline":
-        result, cls = train_pipeline(plan, list(twin.cuts), twin.microbatches, twin.schedule,
-                                     timeout, bug=twin.bug, world=twin.devices)  # fmt: skip
-        return result, f"torch.distributed.pipelining {cls}"
-    if s == "fsdp":
-        layout = Layout(dp=twin.devices, zero=twin.zero, bug=twin.bug)
-    elif s == "model":
-        layout = Layout(tp=twin.devices, sequence=twin.sequence_parallel, bug=twin.bug)
-    elif s == "hybrid":
-        d = twin.degrees()
-        if d.get("expert", 1) > 1:
-            result = train_experts(plan, d.get("data", 1), d["expert"], twin.bug, timeout)
-            return result, describe_experts(d.get("data", 1), d["expert"])
-        layout = Layout(dp=d.get("data", 1) * d.get("fsdp", 1), tp=d.get("model", 1),
-                                bug=twin.bug)  # fmt: skip
-    elif s == "decentralized":
-        result = train_gossip(plan, twin.devices, twin.topology, twin.bug, timeout)
-        return result, describe_gossip(twin.devices, twin.topology)
-    else:
-        single = train_single_apart(plan, timeout) if apart else train_single(plan)
-        return single, "plain PyTorch"
-    return train_sharded(plan, layout, timeout), describe_sharded(layout)
+    runner = RUNNERS.get(twin.strategy)
+    if runner is not None:
+        return runner(twin, plan, timeout)
+    return (train_single_apart(plan, timeout) if apart else train_single(plan)), "plain PyTorch"
+
+
+# The refdl strategies PyTorch runs its own way; any other synchronous strategy is compared
+# with plain PyTorch, since its parameters after N steps equal ``single``'s.
+TWINS = ("single", *RUNNERS)
