@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from typing import Any
 
 from refdl import hw, plots
 from refdl.cli import Parser
 from refdl.comm.compress import SPARSE
+from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
 from refdl.config.values import Choice, Float, Int
 from refdl.errors import UsageError
@@ -468,13 +468,8 @@ def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3
 
 def _mesh_size(mesh: str | None) -> str | None:
     """The devices a ``--mesh`` with every degree given spans (None with a ``-1``)."""
-    if not mesh:
-        return None
-    try:
-        degrees = [int(part.split("=", 1)[1]) for part in mesh.split(",") if part.strip()]
-    except (IndexError, ValueError):
-        return None  # MeshSpec.parse says what is wrong
-    return str(math.prod(degrees)) if degrees and min(degrees) >= 1 else None
+    named = MeshSpec.devices_of(mesh) if mesh else None
+    return None if named is None else str(named)
 
 
 def _ints(text: str) -> list[int]:

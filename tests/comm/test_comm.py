@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from refdl.comm.allreduce import ALGORITHMS, analytic_bytes
 from refdl.comm.measure import collective_bytes
+from refdl.config.codec import Compression
 from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
 
@@ -97,7 +98,7 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(codec):
     keys = jax.random.split(jax.random.key(1), k)
 
     def decoded(text: str):
-        c = make_codec(text)
+        c = make_codec(Compression.parse(text))
         out = jax.jit(jax.vmap(lambda key: c.decode(c.encode(v, key), n)))(keys)
         return np.asarray(out, np.float64) - np.asarray(v, np.float64)[None]
 
@@ -114,11 +115,9 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(codec):
 
 
 def test_rounding_is_an_option_of_the_quantizers_only():
-    from refdl.comm.compress import make_codec
-
-    assert make_codec("qsgd:8,rounding=nearest").error_feedback  # biased: error feedback
-    assert not make_codec("qsgd:8").error_feedback
+    assert Compression.parse("qsgd:8,rounding=nearest").error_feedback  # biased: feedback
+    assert not Compression.parse("qsgd:8").error_feedback
     for bad, says in (("topk:0.1,rounding=nearest", "an option of the quantizers"),
                       ("qsgd:8,rounding=up", "is not rounding=stochastic")):  # fmt: skip
         with pytest.raises(UsageError, match=says):
-            make_codec(bad)
+            Compression.parse(bad)

@@ -20,7 +20,6 @@ import math
 from typing import Any
 
 from refdl import hw
-from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.perf.costs import COSTS
@@ -82,17 +81,18 @@ def skip(p: Any) -> str | None:
 def options(p: Any, precision: str) -> PredictOptions:
     """The prediction's options: the point's layout and Adam's two state words."""
     lay = layout(p)
-    mesh = MeshSpec.parse(lay["mesh"], p.workers)
+    opts = PredictOptions(
+        mesh=lay["mesh"], schedule=lay["schedule"], chunks=lay["chunks"],
+        sequence_parallel=lay["sequence_parallel"], remat=lay["remat"], cp=lay["cp"],
+        optimizer_words=ADAM_WORDS, precision=precision, overlap=float(lay["overlap"]),
+    )  # fmt: skip
+    mesh = opts.mesh.on(p.workers)
     replicas = mesh.data * mesh.fsdp * mesh.expert
     mb = lay["global_batch"] // (replicas * lay["microbatch"])
     if mb < 1 or mb * replicas * lay["microbatch"] != lay["global_batch"]:
         raise UsageError(f"point {p.index}: global_batch {lay['global_batch']} is not "
                          f"{replicas} replicas x microbatches of {lay['microbatch']}")  # fmt: skip
-    return PredictOptions(
-        mesh=lay["mesh"], microbatches=mb, schedule=lay["schedule"], chunks=lay["chunks"],
-        sequence_parallel=lay["sequence_parallel"], remat=lay["remat"], cp=lay["cp"],
-        optimizer_words=ADAM_WORDS, precision=precision, overlap=float(lay["overlap"]),
-    )  # fmt: skip
+    return dataclasses.replace(opts, microbatches=mb)
 
 
 def published_time(p: Any, precision: str) -> float:

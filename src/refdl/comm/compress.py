@@ -45,7 +45,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from refdl.comm.sparse import SparseAllreduce
-from refdl.errors import UsageError
+from refdl.config.codec import Compression
 
 Array = jax.Array
 BUCKET = 512  # values per scale for qsgd and sign (QSGD's bucket size in Alistarh et al.)
@@ -53,21 +53,8 @@ SPARSE = {"sparse": "recursive-doubling", "sparse-split": "split-allgather"}  # 
 
 
 @dataclasses.dataclass(frozen=True)
-class Codec:
-    """One compression scheme; ``kind`` is topk, qsgd, terngrad or sign."""
-
-    kind: str
-    ratio: float = 0.01
-    levels: int = 16
-    rounding: str = "stochastic"  # the quantizers': stochastic (unbiased) or nearest
-    bits: int = 32  # topk's value bits in a sparse allreduce: 32, 8 or 4
-
-    @property
-    def error_feedback(self) -> bool:
-        """Biased codecs (topk, sign, a quantizer rounding to nearest) keep a residual;
-        unbiased ones (qsgd, terngrad with stochastic rounding) do not: feeding back their
-        zero-mean noise makes it compound (qsgd:4 diverged with it)."""
-        return self.kind in ("topk", "sign") or self.rounding == "nearest"
+class Codec(Compression):
+    """One compression scheme run: encode, decode, exchange, and the bytes they send."""
 
     def round(self, x: Array, key: Array) -> Array:
         """``x`` (non-negative) to an integer: up with probability ``x - floor(x)``
@@ -174,40 +161,6 @@ class Codec:
         return unravel(total / p), state, {"compression_error": error}
 
 
-def make_codec(text: str) -> Codec:
-    """Parse ``--compress``: ``topk:RATIO``, ``qsgd:LEVELS``, ``terngrad`` or ``sign``, the
-    quantizers with ``,rounding=stochastic|nearest`` (``qsgd:8,rounding=nearest``)."""
-    head, *opts = text.split(",")
-    kind, _, arg = head.partition(":")
-    rounding, bits = "stochastic", 32
-    for opt in opts:
-        if opt in ("q8", "q4") and kind == "topk":
-            bits = int(opt[1:])
-            continue
-        key, _, value = opt.partition("=")
-        if key != "rounding" or value not in ("stochastic", "nearest"):
-            raise UsageError(f"--compress {text!r}: {opt!r} is not rounding=stochastic, "
-                             "rounding=nearest or (topk's) q8, q4")  # fmt: skip
-        if kind not in ("qsgd", "terngrad"):
-            raise UsageError(f"--compress {text!r}: rounding is an option of the quantizers "
-                             "(qsgd, terngrad)")  # fmt: skip
-        rounding = value
-    try:
-        if kind == "topk":
-            ratio = float(arg)
-            if not 0 < ratio <= 1:
-                raise ValueError
-            return Codec("topk", ratio=ratio, bits=bits)
-        if kind == "qsgd":
-            levels = int(arg)
-            if not 1 <= levels <= 127:
-                raise ValueError
-            return Codec("qsgd", levels=levels, rounding=rounding)
-        if kind in ("terngrad", "sign") and not arg:
-            return Codec(kind, rounding=rounding)
-    except ValueError:
-        pass
-    raise UsageError(
-        f"--compress {text!r}: use topk:RATIO (0 < RATIO <= 1), qsgd:LEVELS (1..127), "
-        "terngrad or sign; the quantizers take ,rounding=stochastic|nearest, topk ,q8 or ,q4"
-    )
+def make_codec(compression: Compression) -> Codec:
+    """The codec that runs ``compression`` (``--compress``, parsed by ``RunSpec``)."""
+    return Codec(**{f.name: getattr(compression, f.name) for f in dataclasses.fields(Compression)})

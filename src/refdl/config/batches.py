@@ -22,6 +22,10 @@ class BatchSchedule:
     """``(first step, global batch)`` pairs, the first at step 0, steps increasing."""
 
     entries: tuple[tuple[int, int], ...]
+    given: str = dataclasses.field(default="", compare=False, repr=False)  # the flag's text
+
+    def __str__(self) -> str:
+        return self.given or ",".join(f"{s}:{b}" for s, b in self.entries)
 
     @classmethod
     def parse(cls, text: str) -> BatchSchedule:
@@ -41,7 +45,7 @@ class BatchSchedule:
             raise UsageError(f"--batch-schedule {text!r}: the steps must increase")
         if any(not 1 <= b <= 10**7 for _, b in entries):
             raise UsageError(f"--batch-schedule {text!r}: batches must be in [1, 10000000]")
-        return cls(tuple(entries))
+        return cls(tuple(entries), str(text))
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -112,4 +112,4 @@ def file_settings(path: str) -> dict[str, Any]:
             value = [[str(k), str(v)] for k, v in value.items()]  # a TOML table of options
         if value != fields[key].default and value is not None:
             out[key] = value
-    return RunSpec.from_dict(out, f"--config {path}").given()
+    return RunSpec.settings(out, f"--config {path}")

@@ -46,6 +46,12 @@ class MeshSpec:
     fsdp: int = 1
     context: int = 1
     expert: int = 1
+    # the ``--mesh`` text these degrees were parsed from (``-1`` kept), for messages and
+    # for a run's config.json; not part of the value
+    given: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.given or self.text()
 
     @property
     def size(self) -> int:
@@ -59,55 +65,29 @@ class MeshSpec:
         return {a: getattr(self, a) for a in AXES}
 
     @classmethod
-    def parse(cls, text: str | None, devices: int) -> MeshSpec:
-        """``"data=2,model=4"`` on ``devices`` devices; unnamed axes are 1, ``-1`` the rest.
+    def parse(cls, text: str | None, devices: int | None = None) -> MeshSpec:
+        """``"data=2,model=4"`` on ``devices`` devices (default: the product the text names);
+        unnamed axes are 1, ``-1`` the rest.
 
         >>> MeshSpec.parse("data=2,model=-1", 8)
         MeshSpec(data=2, model=4, pipe=1, fsdp=1, context=1, expert=1)
         >>> MeshSpec.parse(None, 4).as_dict()["data"]
         4
         """
-        if not isinstance(devices, int) or devices <= 0:
-            raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
         if not text:
+            if not isinstance(devices, int) or devices <= 0:
+                raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
             return cls(data=devices)
-        degrees: dict[str, int] = {}
-        for part in text.split(","):
-            name, sep, value = part.strip().partition("=")
-            name = name.strip()
-            if not sep or name not in AXES:
-                raise UsageError(
-                    f"--mesh {text!r}: each entry is AXIS=DEGREE with AXIS one of "
-                    f"{', '.join(AXES)} (got {part.strip()!r})"
-                )
-            if name in degrees:
-                raise UsageError(f"--mesh {text!r}: axis {name!r} given twice")
-            try:
-                degrees[name] = int(value.strip())
-            except ValueError:
-                raise UsageError(
-                    f"--mesh {text!r}: {name} degree {value!r} is not an integer"
-                ) from None
-            if degrees[name] == 0 or degrees[name] < -1:
-                raise UsageError(f"--mesh {text!r}: {name} degree must be >= 1 or -1")
-        rest = [n for n, d in degrees.items() if d == -1]
-        if len(rest) > 1:
-            raise UsageError(f"--mesh {text!r}: only one axis may be -1 (the rest)")
-        known = math.prod(d for d in degrees.values() if d != -1)
-        if rest:
-            if devices % known:
-                raise UsageError(
-                    f"--mesh {text!r}: {known} does not divide {devices} devices, so "
-                    f"{rest[0]}=-1 has no integer degree; change the degrees or --devices"
-                )
-            degrees[rest[0]] = devices // known
-        spec = cls(**degrees)
-        if spec.size != devices:
-            raise UsageError(
-                f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
-                f"make {' x '.join(AXES)} = {devices} (or use -1 for one axis)"
-            )
-        return spec
+        return MeshLayout.parse(text).on(devices)
+
+    @staticmethod
+    def devices_of(text: str) -> int | None:
+        """The device count a ``--mesh`` text names by itself (None when an axis is -1).
+
+        >>> MeshSpec.devices_of("data=2,model=4"), MeshSpec.devices_of("data=-1,model=2")
+        (8, None)
+        """
+        return MeshLayout.parse(text).devices
 
     @classmethod
     def factor(cls, devices: int) -> MeshSpec:
@@ -137,3 +117,79 @@ class MeshSpec:
         return jax.make_mesh(
             self.shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=list(devices)
         )
+
+
+def _degrees(text: str) -> dict[str, int]:
+    """The degrees a ``--mesh`` text names (``-1``: the rest, at most one); syntax only."""
+    degrees: dict[str, int] = {}
+    for part in str(text).split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in AXES:
+            raise UsageError(
+                f"--mesh {text!r}: each entry is AXIS=DEGREE with AXIS one of "
+                f"{', '.join(AXES)} (got {part.strip()!r})"
+            )
+        if name in degrees:
+            raise UsageError(f"--mesh {text!r}: axis {name!r} given twice")
+        try:
+            degrees[name] = int(value.strip())
+        except ValueError:
+            raise UsageError(
+                f"--mesh {text!r}: {name} degree {value!r} is not an integer"
+            ) from None
+        if degrees[name] == 0 or degrees[name] < -1:
+            raise UsageError(f"--mesh {text!r}: {name} degree must be >= 1 or -1")
+    if sum(d == -1 for d in degrees.values()) > 1:
+        raise UsageError(f"--mesh {text!r}: only one axis may be -1 (the rest)")
+    return degrees
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+    """A ``--mesh`` text parsed once, before the device count is known: degrees by axis,
+    at most one ``-1`` (the rest). ``on(devices)`` resolves it; a sweep over device counts
+    (``refdl.predict``) resolves one layout many times."""
+
+    degrees: tuple[tuple[str, int], ...]
+    given: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.given or ",".join(f"{a}={d}" for a, d in self.degrees)
+
+    @classmethod
+    def parse(cls, text: str) -> MeshLayout:
+        """``"data=-1,model=2"``; anything else is a one-line error."""
+        return cls(tuple(_degrees(text).items()), str(text))
+
+    @property
+    def devices(self) -> int | None:
+        """The device count the degrees name by themselves (None with a -1 axis)."""
+        named = dict(self.degrees)
+        return None if -1 in named.values() else math.prod(named.values())
+
+    def on(self, devices: int | None = None) -> MeshSpec:
+        """The mesh on ``devices`` devices (default: the count the degrees name)."""
+        text, degrees = str(self), dict(self.degrees)
+        if devices is None:
+            devices = self.devices
+            if devices is None:
+                raise UsageError(f"--mesh {text!r} has a -1 axis (the rest): give --devices")
+        if not isinstance(devices, int) or devices <= 0:
+            raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
+        rest = [n for n, d in degrees.items() if d == -1]
+        known = math.prod(d for d in degrees.values() if d != -1)
+        if rest:
+            if devices % known:
+                raise UsageError(
+                    f"--mesh {text!r}: {known} does not divide {devices} devices, so "
+                    f"{rest[0]}=-1 has no integer degree; change the degrees or --devices"
+                )
+            degrees[rest[0]] = devices // known
+        spec = MeshSpec(**degrees, given=text)
+        if spec.size != devices:
+            raise UsageError(
+                f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
+                f"make {' x '.join(AXES)} = {devices} (or use -1 for one axis)"
+            )
+        return spec

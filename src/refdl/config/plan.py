@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from refdl.config.choices import LOOPED, chunks_of
+from refdl.config.choices import LOOPED, SPARSE_ALLREDUCE, chunks_of
 from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.rules import PRESET_RULES, MeshAxes, degree
-from refdl.config.spec import RunSpec, flag, straggler_of
+from refdl.config.spec import RunSpec, flag
 from refdl.errors import UsageError
 
 DEFAULT_SIMULATED_WORKERS = 4
@@ -86,7 +86,7 @@ class Traits:
         if "pipe" not in self.axes:
             return 1
         if spec.mesh:
-            return MeshSpec.parse(spec.mesh, spec.devices).pipe
+            return spec.mesh.pipe
         return (spec.stages or spec.devices) if self.axes[0] == "pipe" else 1
 
     def microbatches(self, spec: RunSpec) -> int:
@@ -166,7 +166,7 @@ def plan(
 ) -> Plan:
     """Check ``spec`` for ``strategy`` on ``model`` with ``ranks`` MPI ranks; the Plan."""
     spec = dataclasses.replace(spec, microbatches=traits.microbatches(spec))
-    check_options(spec, strategy, traits, owners or {strategy: traits})
+    check_options(spec.given(), strategy, traits, owners or {strategy: traits})
     check_launch(spec, strategy, traits, ranks)
     check_precision(spec, traits, ranks)
     m = spec.microbatches
@@ -212,15 +212,15 @@ def plan(
         raise UsageError(
             f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
         )
-    if spec.allreduce.startswith("sparse"):
+    if spec.allreduce in SPARSE_ALLREDUCE:
         check_sparse(spec, mesh.data)
-    elif (spec.compress or "").startswith("topk:") and ",q" in spec.compress:
+    elif spec.compress and spec.compress.bits != 32:
         raise UsageError(f"--compress {spec.compress}: q8/q4 values are the sparse allreduce's; "
                          "add --allreduce sparse")  # fmt: skip
     if spec.sfb != "off" and spec.compress:
         raise UsageError(f"--sfb {spec.sfb} sends factors uncompressed; use it without --compress")
     check_experts(spec, mesh, model)
-    check_layers(mesh, model, rules, spec.mesh)
+    check_layers(mesh, model, rules)
     check_sequence(spec, mesh, model)
     chunks, cuts = spec.chunks, ()
     if mesh.pipe > 1 or traits.pipeline:
@@ -238,7 +238,7 @@ def plan(
 def check_sparse(spec: RunSpec, p: int) -> None:
     """``--allreduce sparse`` sums top-k pairs by recursive doubling: a top-k codec and
     a power-of-two data degree (``sparse-split`` takes any)."""
-    if not (spec.compress or "").startswith("topk:"):
+    if not (spec.compress and spec.compress.topk):
         raise UsageError(f"--allreduce {spec.allreduce} sums the top-k of each gradient; add "
                          "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
     if spec.allreduce == "sparse" and p & (p - 1):
@@ -261,7 +261,7 @@ def check_compressed_gossip(spec: RunSpec) -> None:
             raise UsageError("--consensus-step is CHOCO-SGD's, the compressed gossip; add "
                              "--allreduce sparse --compress topk:RATIO")  # fmt: skip
         return
-    if not (spec.compress or "").startswith("topk:"):
+    if not (spec.compress and spec.compress.topk):
         raise UsageError("--allreduce sparse sends the top-k of each replica's change; add "
                          "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
     if spec.gossip:
@@ -270,16 +270,12 @@ def check_compressed_gossip(spec: RunSpec) -> None:
 
 
 def check_options(
-    spec: RunSpec,
-    strategy: str,
-    traits: Traits,
-    owners: Mapping[str, Traits],
-    given: Iterable[str] | None = None,
+    given: Iterable[str], strategy: str, traits: Traits, owners: Mapping[str, Traits]
 ) -> None:
     """Options given that ``strategy`` does not accept name the strategies that do.
-    ``given``: the fields the user set (a CLI knows; else those off their defaults, so
-    ``--zero 3`` with ``single`` is caught only where the flags are known)."""
-    for key in spec.given() if given is None else given:
+    ``given``: the fields the user set (a command line knows them all; a spec, those off
+    their defaults, so ``--zero 3`` with ``single`` is caught where the flags are known)."""
+    for key in given:
         if key not in STRATEGY_OPTIONS or key in traits.options:
             continue
         takers = sorted(name for name, t in owners.items() if key in t.options)
@@ -293,7 +289,7 @@ def check_precision(spec: RunSpec, traits: Traits, ranks: int) -> None:
     mpirun (their ``--simulate`` and device executors keep float64)."""
     if spec.precision != "fp64":
         return
-    if spec.compress or spec.allreduce.startswith("sparse"):
+    if spec.compress or spec.allreduce in SPARSE_ALLREDUCE:
         what = f"--compress {spec.compress}" if spec.compress else f"--allreduce {spec.allreduce}"
         raise UsageError(f"{what} sends fp32 values; --precision fp64 is for exact runs, drop one")
     if ranks > 1 and traits.multiprocess == "mpi":
@@ -340,7 +336,7 @@ def mesh_of(
             f"--strategy {strategy} runs one stage per device: --stages {spec.stages} needs "
             f"--devices {spec.stages}"
         )
-    mesh = MeshSpec.parse(spec.mesh or f"{traits.axes[0]}={n}", n)
+    mesh = spec.mesh or MeshSpec(**{traits.axes[0]: n})
     unused = [a for a in AXES if a not in traits.axes and mesh.as_dict()[a] != 1]
     if unused:
         only = ", ".join(traits.axes)
@@ -367,9 +363,7 @@ def check_batch(global_batch: int, shards: int, microbatches: int = 1) -> None:
         )
 
 
-def check_layers(
-    mesh: MeshSpec, model: ModelShape, rules: Mapping[str, MeshAxes], mesh_text: str | None
-) -> None:
+def check_layers(mesh: MeshSpec, model: ModelShape, rules: Mapping[str, MeshAxes]) -> None:
     """Every dimension the rules split must divide by its mesh degree; say which does not."""
     for layer in model.layers:
         for name, (shape, axes) in layer.params.items():
@@ -377,7 +371,7 @@ def check_layers(
                 k = degree(mesh, rules.get(logical)) if logical else 1
                 if k > 1 and shape[dim] % k:
                     raise UsageError(
-                        f"--mesh {mesh_text or mesh.text()}: {k}-way split of layer "
+                        f"--mesh {mesh}: {k}-way split of layer "
                         f"{layer.key}'s {logical} width {shape[dim]} (parameter {name} "
                         f"{tuple(shape)}) is not even; use a degree dividing {shape[dim]} or "
                         "change the width with --model-opt"
@@ -427,7 +421,7 @@ def check_sequence(spec: RunSpec, mesh: MeshSpec, model: ModelShape) -> None:
                 "--data-opt seq_len=N with N a multiple of it"
             )
     if mesh.context > 1 and spec.cp == "all-to-all":
-        check_layers(mesh, model, {"heads": "context"}, spec.mesh)
+        check_layers(mesh, model, {"heads": "context"})
     if mesh.context > 1 and spec.sequence_parallel:
         raise UsageError(
             "--sequence-parallel and a context axis both split the sequence; use one of them"
@@ -552,14 +546,14 @@ def _worker_plan(
             f"--servers {servers}: the model has only {model.leaves} parameter arrays to "
             f"shard; use --servers <= {model.leaves}"
         )
-    straggler = straggler_of(spec.straggler)
+    straggler = spec.straggler
     if straggler is not None:
         if mode not in traits.straggler_modes:
             raise UsageError("--straggler delays one rank of an mpirun job; launch under mpirun")
         lo = servers + groups  # ps: servers are ranks 0..K-1 (also when simulated)
-        if not lo <= straggler[0] < lo + workers:
+        if not lo <= straggler.rank < lo + workers:
             raise UsageError(
-                f"--straggler {spec.straggler}: rank {straggler[0]} is not a worker "
+                f"--straggler {spec.straggler}: rank {straggler.rank} is not a worker "
                 f"(workers are ranks {lo}..{lo + workers - 1})"
             )
     if spec.ps_trace and spec.ps_mode in ("sync", "hierarchical"):

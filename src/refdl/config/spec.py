@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import re
 from typing import Any
 
@@ -31,8 +30,21 @@ from refdl.config.choices import (
     PS_MODES,
     REMAT,
 )
-from refdl.config.mesh import MeshSpec
-from refdl.config.values import Choice, Flag, Float, Int, Ints, Optional, Pairs, Text
+from refdl.config.codec import Compression
+from refdl.config.mesh import MeshLayout, MeshSpec
+from refdl.config.straggler import Straggler
+from refdl.config.values import (
+    Choice,
+    Flag,
+    Float,
+    Int,
+    Ints,
+    Optional,
+    Pairs,
+    Parsed,
+    Text,
+    parse_typed,
+)
 from refdl.errors import UsageError
 
 # Options that only say how long and how loudly a run goes: a resumed run may change them.
@@ -106,9 +118,9 @@ class RunSpec:
     )
     steps: int = OPTIMIZATION(300, Int(min=1, max=10**9), "training steps")
     batch_size: int = OPTIMIZATION(64, Int(min=1, max=10**7), "global batch size")
-    batch_schedule: str | None = OPTIMIZATION(
+    batch_schedule: BatchSchedule | None = OPTIMIZATION(  # noqa: RUF009 (field metadata)
         None,
-        Optional(Text()),
+        Optional(Parsed(BatchSchedule, "0:64,100:128")),
         "a growing global batch, STEP:BATCH,... from step 0 (0:64,100:128,200:256); the "
         "learning rate stays (default: --batch-size throughout)",
     )
@@ -156,9 +168,9 @@ class RunSpec:
         "devices to use; on a CPU host, the number simulated (hybrid: 8 on a "
         "CPU host, every device on accelerators)",
     )
-    mesh: str | None = DEVICES(
+    mesh: MeshSpec | None = DEVICES(  # noqa: RUF009
         None,
-        Optional(Text()),
+        Optional(Parsed(MeshSpec, "data=2,model=4")),
         "mesh degrees, e.g. data=2,model=4 (-1 = the rest; default: all "
         "devices on the strategy's first axis)",
     )
@@ -180,9 +192,9 @@ class RunSpec:
         Optional(Int(min=1, max=1 << 16)),
         "gradient accumulation steps / pipeline microbatches (default: 4 for pipelines, else 1)",
     )
-    compress: str | None = DEVICES(
+    compress: Compression | None = DEVICES(  # noqa: RUF009
         None,
-        Optional(Text()),
+        Optional(Parsed(Compression, "topk:0.01")),
         "data: gradient compression, topk:RATIO, qsgd:LEVELS, terngrad or sign; the "
         "quantizers take ,rounding=stochastic|nearest (default: none)",
     )
@@ -267,9 +279,9 @@ class RunSpec:
         Optional(Float(min=0.0, max=1.0, min_open=True)),
         "decentralized --allreduce sparse: CHOCO-SGD's consensus step gamma (default 0.1)",
     )
-    straggler: str | None = WORKERS(
+    straggler: Straggler | None = WORKERS(  # noqa: RUF009
         None,
-        Optional(Text()),
+        Optional(Parsed(Straggler, "1:0.05")),
         "delay one worker's every step (default: none)",
         metavar="RANK:SECONDS",
     )
@@ -301,9 +313,17 @@ class RunSpec:
         "with --resume: continue under another synchronous strategy, mesh or device count",
     )
 
+    def __post_init__(self) -> None:
+        """Parse the settings given as text (a mesh, a batch schedule, a codec, a straggler)
+        into their types, once, then check everything: a RunSpec that exists is valid."""
+        if isinstance(self.mesh, str):  # the devices resolve a -1
+            object.__setattr__(self, "mesh", MeshLayout.parse(self.mesh).on(self.devices))
+        parse_typed(self, skip=("mesh",))
+        self.validate()
+
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
-        together; return self. Needs neither data nor devices."""
+        together; return self. Needs neither data nor devices (the constructor calls it)."""
         for f in dataclasses.fields(self):
             problem = f.metadata["value"].problem(getattr(self, f.name))
             if problem:
@@ -331,7 +351,7 @@ class RunSpec:
                 "ranks are the workers)"
             )
         if self.batch_schedule is not None:  # (a run rebuilt for a later size holds it)
-            sizes = BatchSchedule.parse(self.batch_schedule).sizes
+            sizes = self.batch_schedule.sizes
             if self.batch_size not in sizes:
                 raise UsageError(
                     f"--batch-schedule starts at batch {sizes[0]} but --batch-size is "
@@ -342,27 +362,35 @@ class RunSpec:
             raise UsageError("--reshard continues a checkpoint on another layout: add --resume RUN")
         if self.ps_trace is not None and not self.simulate:
             raise UsageError("--ps-trace replays a recorded run in the simulator: add --simulate")
-        straggler_of(self.straggler)
-        if self.mesh is not None:
-            MeshSpec.parse(self.mesh, self.devices)
+        if self.mesh is not None and self.mesh.size != self.devices:
+            raise UsageError(
+                f"--mesh {self.mesh!s} multiplies to {self.mesh.size} devices but --devices "
+                f"is {self.devices}; make the degrees multiply to {self.devices} (or use -1 "
+                "for one axis)"
+            )
         return self
 
     def given(self) -> dict[str, Any]:
-        """The fields that differ from their defaults (what the user set)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != f.default
-        }
+        """The fields that differ from their defaults (what the user set), as ``to_dict``
+        writes them."""
+        plain = self.to_dict()
+        return {f.name: plain[f.name] for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples of pairs become lists)."""
-        return dataclasses.asdict(self)
+        """The settings in their own words (JSON-ready): the typed ones as their text."""
+        return {f.name: _text(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "the configuration") -> RunSpec:
-        """The inverse of ``to_dict``; unknown keys are ignored (specs only grow). Lists
-        become tuples; call ``validate`` before trusting the values."""
+        """The inverse of ``to_dict``; unknown keys are ignored (specs only grow). The spec
+        is checked as it is made (``__post_init__``)."""
+        return cls(**cls.settings(d, where))
+
+    @classmethod
+    def settings(cls, d: dict[str, Any], where: str = "the configuration") -> dict[str, Any]:
+        """The RunSpec fields of a table of settings (a file, a flag set), lists as tuples;
+        not checked yet (a mesh is checked against the devices the run will have)."""
         if not isinstance(d, dict):
             raise UsageError(f"{where}: not a table of settings")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -375,26 +403,20 @@ class RunSpec:
                 kw["stage_boundaries"] = tuple(kw["stage_boundaries"])
         except TypeError:
             raise UsageError(f"{where}: malformed model_opts/data_opts") from None
-        return cls(**kw)
+        return kw
+
+
+def _text(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return str(value)
+    if isinstance(value, tuple):
+        return tuple(_text(v) for v in value)
+    return value
 
 
 def flag(name: str) -> str:
     """The command-line flag of a RunSpec field (``batch_size`` -> ``--batch-size``)."""
     return "--" + name.replace("_", "-")
-
-
-def straggler_of(text: str | None) -> tuple[int, float] | None:
-    """``"2:0.05"`` -> ``(2, 0.05)``: the rank (or simulated worker) and its delay per step."""
-    if text is None:
-        return None
-    rank, sep, secs = str(text).partition(":")
-    try:
-        out = (int(rank), float(secs))
-    except ValueError:
-        out = None
-    if not sep or out is None or out[0] < 0 or not (0 <= out[1] <= 3600 and math.isfinite(out[1])):
-        raise UsageError(f"--straggler takes RANK:SECONDS, e.g. 1:0.05 (got {text!r})")
-    return out
 
 
 def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str], ...]:
@@ -469,7 +491,9 @@ def as_arguments(message: str) -> str:
             return f"{name}=True" + (f" {value}" if value else "")
         if value and value not in _WORDS:
             try:
-                return f"{name}={fields[name].parse(value)!r}"
+                parsed = fields[name].parse(value)
+                shown = value if dataclasses.is_dataclass(parsed) else parsed
+                return f"{name}={shown!r}"
             except ValueError:
                 pass
         return name + (f" {value}" if value else "")

@@ -172,6 +172,36 @@ class Optional:
 
 
 @dataclasses.dataclass(frozen=True)
+class Parsed:
+    """A setting that is more than a word or a number (a batch schedule, a codec, a
+    straggler): its text parsed once into ``kind`` (``kind.parse(text)``, which raises a
+    one-line UsageError), and ``str(value)`` gives the text back."""
+
+    kind: type
+    like: str
+
+    def problem(self, v: Any) -> str | None:
+        return None if isinstance(v, self.kind) else f"text like {self.like} (got {v!r})"
+
+    def parse(self, raw: str) -> Any:
+        try:
+            return self.kind.parse(raw)
+        except UsageError as e:
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+
+
+def parse_typed(obj: Any, skip: tuple[str, ...] = ()) -> None:
+    """Parse, in place and once, the text a frozen dataclass was given for its ``Parsed``
+    fields (``RunSpec``, ``PredictOptions``): the edge where text becomes a type."""
+    for f in dataclasses.fields(obj):
+        kind = f.metadata.get("value")
+        kind = kind.inner if isinstance(kind, Optional) else kind
+        value = getattr(obj, f.name)
+        if isinstance(kind, Parsed) and isinstance(value, str) and f.name not in skip:
+            object.__setattr__(obj, f.name, kind.kind.parse(value))
+
+
+@dataclasses.dataclass(frozen=True)
 class Pairs:
     """``KEY=VALUE`` pairs (``--model-opt``): a tuple of ``(key, value)`` strings; the
     keys and values are checked by whatever they configure (a model, a data set)."""

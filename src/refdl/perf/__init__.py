@@ -6,7 +6,9 @@ import dataclasses
 from typing import Any, Protocol
 
 from refdl.config.choices import CONTEXT_ATTENTION, PIPELINE_SCHEDULES, PS_MODES, REMAT
-from refdl.config.values import Choice, Flag, Float, Int, Optional, Text
+from refdl.config.codec import Compression
+from refdl.config.mesh import MeshLayout
+from refdl.config.values import Choice, Flag, Float, Int, Optional, Parsed, Text, parse_typed
 from refdl.errors import UsageError
 from refdl.perf.ops import op_time
 
@@ -67,14 +69,14 @@ class PredictOptions:
     schedule: str = _opt("1f1b", Choice(PIPELINE_SCHEDULES))  # pipeline
     chunks: int = _opt(1, Int(min=1, max=256))  # interleaved, looped-bfs pipeline
     # hybrid: data=..,model=..,pipe=.. (default: model=2, data=rest)
-    mesh: str | None = _opt(None, Optional(Text()))
+    mesh: MeshLayout | None = _opt(None, Optional(Parsed(MeshLayout, "data=-1,model=2")))  # noqa: RUF009
     servers: int = _opt(1, Int(min=1, max=1 << 16))  # ps
     ps_mode: str = _opt("sync", Choice(PS_MODES))  # ps
     ps_groups: int = _opt(1, Int(min=1, max=1 << 10))  # ps hierarchical: learner groups
     sfb: str = _opt("off", Choice(("off", "auto", "all")))  # data: sufficient factors
     topology: str = _opt("ring", Text())  # decentralized
     # decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4] (default: replicas)
-    compress: str | None = _opt(None, Optional(Text()))
+    compress: Compression | None = _opt(None, Optional(Parsed(Compression, "topk:0.01")))  # noqa: RUF009
     # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     optimizer_words: int = _opt(1, Int(min=0, max=8))
     # share of the step's compute that communication may hide behind
@@ -93,6 +95,9 @@ class PredictOptions:
     # it, 2: and the gradients; the fsdp axis is stage 3), moving the same bytes
     data_zero: int = _opt(0, Int(min=0, max=2))
     precision: str = _opt("fp32", Text())  # checked by the profile (refdl.hw.profile)
+
+    def __post_init__(self) -> None:
+        parse_typed(self)  # the mesh and codec given as text, parsed once
 
     def validate(self) -> PredictOptions:
         """Every field against its declared value type; a UsageError names the flag."""

@@ -277,7 +277,10 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
     allreduce of each replica's 1/(model x pipe) share of the gradients; a transformer on
     all six axes by ``transformer_step``."""
-    mesh = MeshSpec.parse(opts.mesh or ("data=-1,model=2" if workers % 2 == 0 else None), workers)
+    if opts.mesh is not None:
+        mesh = opts.mesh.on(workers)
+    else:  # model 2 where the workers are even, the rest on data
+        mesh = MeshSpec(data=workers // 2, model=2) if workers % 2 == 0 else MeshSpec(data=workers)
     if m.transformer is not None:
         return transformer_step(m, hw, batch, mesh, opts)
     if mesh.context > 1 or mesh.expert > 1 or mesh.fsdp > 1:
@@ -431,7 +434,7 @@ def decentralized(
     message, copies = m.param_bytes, 0
     if opts.compress:  # CHOCO keeps a public copy and its neighbours' mix: 2 more replicas
         codec = make_codec(opts.compress)
-        if codec.kind != "topk":
+        if not codec.topk:
             raise UsageError(f"--compress {opts.compress}: decentralized sends top-k pairs; "
                              "use topk:RATIO[,q8|q4]")  # fmt: skip
         values = max(1, int(m.param_bytes // 4))

@@ -18,7 +18,6 @@ import jax
 import numpy as np
 
 from refdl.assemble import load_data, make_task, model_shape, resolve
-from refdl.config.batches import BatchSchedule
 from refdl.config.plan import Plan, check_launch, plan
 from refdl.config.spec import RunSpec
 from refdl.core import precision
@@ -57,7 +56,7 @@ def global_batch(dataset: Dataset, spec: RunSpec, step: int) -> dict[str, np.nda
     n = dataset.info.train_size
     if spec.batch_schedule is None:
         return dataset.train_batch(global_batch_indices(spec.seed, step, spec.batch_size, n))
-    s = BatchSchedule.parse(spec.batch_schedule)
+    s = spec.batch_schedule
     return dataset.train_batch(stream_indices(spec.seed, s.start_at(step), s.size_at(step), n))
 
 
@@ -96,7 +95,7 @@ def build(spec: RunSpec) -> Run:
                 f"--batch-schedule grows the batch of the strategies that step in lockstep; "
                 f"--strategy {spec.strategy}'s workers take their own shares, drop it"
             )
-        for b in BatchSchedule.parse(spec.batch_schedule).sizes:
+        for b in spec.batch_schedule.sizes:
             plan(dataclasses.replace(spec, batch_size=b), spec.strategy, cls.traits, shape,
                  ranks=ranks, owners=declared_traits())  # fmt: skip
     spec = dataclasses.replace(spec, microbatches=checked.microbatches)  # the checked value

@@ -25,7 +25,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
 from refdl.core import precision
 from refdl.core.moe import moe_stats
@@ -353,7 +352,7 @@ class _Loop:
         s, n = self.spec, self.run.dataset.info.train_size
         if s.batch_schedule is None:
             return epoch_of(step, s.batch_size, n)
-        return BatchSchedule.parse(s.batch_schedule).start_at(step) // n
+        return s.batch_schedule.start_at(step) // n
 
     # -- checkpoints and the summary --------------------------------------------------------
 

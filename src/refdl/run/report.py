@@ -24,7 +24,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdl.config.batches import BatchSchedule
 from refdl.config.files import MiB, loads_json, read_text
 from refdl.config.paths import open_append, write_atomic
 from refdl.core.layers import param_count
@@ -113,7 +112,7 @@ def first_batch(spec: Any) -> int:
     """The run's global batch at step 0 (a growing batch's first size)."""
     if spec.batch_schedule is None:
         return spec.batch_size
-    return BatchSchedule.parse(spec.batch_schedule).size_at(0)
+    return spec.batch_schedule.size_at(0)
 
 
 def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:

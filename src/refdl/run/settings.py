@@ -9,7 +9,6 @@ device count is set.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from refdl.config.plan import check_options
 from refdl.config.spec import (
     LAYOUT_KEYS,
     OUTPUT_KEYS,
-    RunSpec,
     config_key,
     differing,
     flag,
@@ -133,9 +131,9 @@ def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[
         processes.one_device_per_rank()
         return {"devices": processes.launched_size(), **settings}
     if "devices" not in settings and settings.get("mesh"):
-        degrees = [p.partition("=")[2].strip() for p in str(settings["mesh"]).split(",")]
-        if all(d.isdigit() for d in degrees):
-            settings = {**settings, "devices": math.prod(int(d) for d in degrees)}
+        named = MeshSpec.devices_of(settings["mesh"])
+        if named is not None:
+            settings = {**settings, "devices": named}
     name = settings.get("strategy", "single")
     fills = traits_of(name).fills_host
     if fills and "devices" not in settings:
@@ -167,5 +165,4 @@ def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
     if name not in STRATEGIES.names():
         return  # refused with the list of strategies when the run is built
     owners = declared_traits()
-    spec = RunSpec.from_dict(settings, "the flags")
-    check_options(spec, name, owners[name], owners, given)
+    check_options(given, name, owners[name], owners)

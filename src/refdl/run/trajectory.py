@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdl.config.batches import BatchSchedule
 from refdl.config.spec import RunSpec
 from refdl.core import precision
 from refdl.core.state import to_host
@@ -57,7 +56,7 @@ def trajectory(
     included: they overlap the devices' work). ``per_step``: time each step alone from the
     call to the wait (its host batch built untimed, as ``refdl.hw calibrate`` times steps)."""
     t_last, since = time.perf_counter(), 0
-    schedule = BatchSchedule.parse(run.spec.batch_schedule) if run.spec.batch_schedule else None
+    schedule = run.spec.batch_schedule
     built = {run.spec.batch_size: run}
     for t in range(start, stop):
         if schedule is not None and schedule.size_at(t) != run.spec.batch_size:

@@ -183,7 +183,7 @@ class DataParallel(Strategy):
             out["sfb_layers"] = self.factors
         if self.codec is not None:
             dense = analytic_bytes("ring", 4 * self.n_params, self.p)
-            out["compress"] = self.spec.compress
+            out["compress"] = str(self.spec.compress)
             out["compression_error"] = last(history, "compression_error")
             out["comm_bytes_per_step_uncompressed"] = dense
             out["comm_bytes_saved_per_step"] = dense - self.comm_bytes

@@ -50,7 +50,6 @@ from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.mesh import MeshSpec
 from refdl.config.plan import Traits
-from refdl.config.spec import straggler_of
 from refdl.core.layers import param_count
 from refdl.core.state import TrainState, place, to_host
 from refdl.data.order import worker_share
@@ -176,7 +175,7 @@ class Decentralized(Strategy):
         self.w = topology.metropolis(self.adj)
         self.shifts = topology.shifts(self.adj)
         self.matchings = topology.matchings(self.adj)
-        self.straggler = straggler_of(spec.straggler)
+        self.straggler = spec.straggler
         self.n_params = param_count(task.model.abstract_params(task.sample_x))
         self.sparse = None  # with --allreduce sparse: the messages' top-k and value bits
         if spec.allreduce == "sparse":
@@ -328,8 +327,8 @@ class Decentralized(Strategy):
         if self.spec.gossip:
             matching = topology.gossip_matching(self.spec.seed, step, len(self.matchings))
         if self.mode == "mpi":
-            if self.straggler and self.straggler[0] == self.rank:
-                time.sleep(self.straggler[1])
+            if self.straggler and self.straggler.rank == self.rank:
+                time.sleep(self.straggler.seconds)
             batch = worker_share(batch, self.rank, self.n)
         elif self.mode == "spmd":
             batch = jax.device_put(batch, self.sharding)
@@ -391,7 +390,7 @@ class Decentralized(Strategy):
         if wire is not None:
             out["comm_bytes_per_step"] = wire
         if self.sparse is not None:
-            out["compress"] = self.spec.compress
+            out["compress"] = str(self.spec.compress)
             out["consensus_step"] = self.gamma
             out["sparse_message"] = {
                 "n": self.sparse.n, "k": self.sparse.k, "value_bits": self.sparse.bits,

@@ -60,6 +60,7 @@ from refdl.validate.exact import (
     validate,
 )
 from refdl.validate.export import export_start
+from refdl.validate.request import Request
 from refdl.validate.results import results_report, summary_line, write_report
 
 PROG = "refdl.validate"
@@ -216,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = ASYNC_STEPS if by_outcome(args) else 20
     try:
         check_args(args)
+        request = Request.of(vars(args))  # the library's typed view of the flags
         if args.export_start:
             config = {"model": args.model, "steps": args.steps, "batch_size": args.batch_size,
                       "seed": args.seed, "optimizer": args.optimizer, "lr": args.lr,
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(log it as \"start\"; loaders: load_torch.py, load_keras.py)")  # fmt: skip
             return 0
         if args.results:
-            r = results_report(args)
+            r = results_report(request)
             if args.report:
                 try:
                     write_report(r, Path(args.report))
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.report:
                     print(f"report: {Path(args.report) / 'report.md'}")
             return 0 if r["passed"] else 1
-        r = validate_async(args) if by_outcome(args) else validate(args)
+        r = validate_async(request) if by_outcome(args) else validate(request)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

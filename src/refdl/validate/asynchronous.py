@@ -18,7 +18,6 @@ compares what such a run promises (``refdl.validate --framework tensorflow|mxnet
 
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from collections import Counter
@@ -41,6 +40,7 @@ from refdl.validate.exact import (
     perturbed,
     reference_run,
 )
+from refdl.validate.request import Request
 
 BAND = 0.05  # absolute test accuracy below refdl's that an asynchronous run may land
 
@@ -69,7 +69,7 @@ def histogram(values: list[int]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(values).items())}
 
 
-def validate_async(args: argparse.Namespace) -> dict[str, Any]:
+def validate_async(args: Request) -> dict[str, Any]:
     """The framework's asynchronous parameter server against refdl's, by outcome."""
     check_coverage(args)
     fw, w = args.framework, args.workers or 2

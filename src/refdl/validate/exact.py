@@ -11,7 +11,6 @@ tolerance.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any
 
@@ -30,6 +29,7 @@ from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import loss_value, trajectory
 from refdl.strategies import STRATEGIES, traits_of
+from refdl.validate.request import Request
 
 # What each framework's adapter covers: the refdl strategies it runs its own way (its
 # twins) and the models. Any other strategy that declares itself synchronous is compared
@@ -212,7 +212,7 @@ def job_of(ref: Reference, strategy: str, devices: int, workers: int, ps_mode: s
             "weight_decay": s.weight_decay, "loss": s.loss, "lrs": ref.lrs}  # fmt: skip
 
 
-def check_coverage(args: argparse.Namespace) -> None:
+def check_coverage(args: Request) -> None:
     """What the framework's adapter covers, checked before any run (one line each)."""
     fw = args.framework
     twins, models = COVERS[fw]
@@ -225,7 +225,8 @@ def check_coverage(args: argparse.Namespace) -> None:
     twin = twin_of(fw, args.strategy)
     if fw == "torch":
         adapter.require()
-        adapter.check_twin(twin, args.model, args.mesh, args.devices or 2, args.plant_bug)
+        mesh = args.mesh.on(args.devices or 2) if args.mesh else None
+        adapter.check_twin(twin, args.model, mesh, args.plant_bug)
         if twin == "data" and args.torch_batchnorm == "native":
             raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
         if args.workers is not None and not traits.workers:
@@ -249,7 +250,7 @@ def check_coverage(args: argparse.Namespace) -> None:
         raise UsageError(f"--strategy {args.strategy} runs on 1 device; drop --devices")
 
 
-def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
+def sync_spec(args: Request, devices: int, workers: int) -> RunSpec:
     """refdl's side of a synchronous comparison: the same strategy (ps: the in-process
     simulator, sync, with the same workers)."""
     traits = traits_of(args.strategy)
@@ -259,7 +260,7 @@ def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
             kw[name] = getattr(args, name)
     if "schedule" in traits.options:
         kw["schedule"] = args.schedule
-    kw.update({k: getattr(args, k) for k in SPEC_OPTIONS if getattr(args, k, None) is not None})
+    kw.update(args.spec_options())
     if traits.workers:
         kw.update(simulate=True, workers=workers)
         if "ps_mode" in traits.options:
@@ -271,7 +272,7 @@ def sync_spec(args: argparse.Namespace, devices: int, workers: int) -> RunSpec:
                    precision=args.precision, **kw)  # fmt: skip
 
 
-def validate(args: argparse.Namespace) -> dict[str, Any]:
+def validate(args: Request) -> dict[str, Any]:
     """Both sides of one configuration, compared; ``passed`` says whether within tolerance."""
     check_coverage(args)
     fw = args.framework

@@ -21,7 +21,6 @@ on this machine, and the performance model's prediction for the declared profile
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
@@ -41,6 +40,7 @@ from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
 from refdl.validate.export import start_of, start_spec
 from refdl.validate.logs import CONFIG_KEYS, INITS, read_log
+from refdl.validate.request import Request
 
 RATES = Path(__file__).with_name("rates.json")  # written by scripts/bench_validate.py
 # Keys that change results: when a log leaves one out, the report names what refdl assumed.
@@ -186,7 +186,7 @@ def steady_rate(rows: list[dict], batch_size: int, kind: str) -> tuple[float | N
 def _throughput(
     rows: list[dict],
     config: dict[str, Any],
-    args: argparse.Namespace,
+    args: Request,
     refdl_sps: float,
     spec: RunSpec,
 ) -> dict[str, Any]:
@@ -263,7 +263,7 @@ def measured_rates() -> dict[str, Any]:
     return rates if rates.get("rule_fingerprint") == statistical.rule_fingerprint() else {}
 
 
-def results_report(args: argparse.Namespace) -> dict[str, Any]:
+def results_report(args: Request) -> dict[str, Any]:
     """Compare a framework's log with refdl: exactly from an exported start, else over
     seeds (the module docstring); throughput in context; assumptions and warnings."""
     log = read_log(

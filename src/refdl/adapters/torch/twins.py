@@ -49,18 +49,18 @@ class Twin:
     microbatches: int = 1
     schedule: str = "1f1b"
     zero: int = 3
-    mesh: str | None = None
+    mesh: MeshSpec | None = None
     sequence_parallel: bool = False
     topology: str = "ring"
     bug: str | None = None
 
     def degrees(self) -> dict[str, int]:
         """The hybrid mesh's degrees by axis name."""
-        return {a: d for a, d in MeshSpec.parse(self.mesh, self.devices).as_dict().items()
-                if d > 1}  # fmt: skip
+        mesh = self.mesh or MeshSpec(data=self.devices)
+        return {a: d for a, d in mesh.as_dict().items() if d > 1}
 
 
-def check_twin(strategy: str, model: str, mesh: str | None, devices: int, bug: str | None) -> None:
+def check_twin(strategy: str, model: str, mesh: MeshSpec | None, bug: str | None) -> None:
     """One line for what no PyTorch twin covers."""
     if bug is not None:
         if bug not in BUGS:
@@ -69,7 +69,7 @@ def check_twin(strategy: str, model: str, mesh: str | None, devices: int, bug: s
             raise UsageError(f"--plant-bug {bug} is planted in the {', '.join(BUGS[bug])} "
                              f"twin, not in --strategy {strategy}'s")  # fmt: skip
     if mesh:  # a mesh of several axes (the strategy's own checks refuse it elsewhere)
-        axes = {a for a, d in MeshSpec.parse(mesh, devices).as_dict().items() if d > 1}
+        axes = {a for a, d in mesh.as_dict().items() if d > 1}
         if extra := sorted(axes - HYBRID_AXES):
             raise UsageError(f"PyTorch's hybrid twin composes data, fsdp, model and expert "
                              f"axes; --mesh has {', '.join(extra)}")  # fmt: skip

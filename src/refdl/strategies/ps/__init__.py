@@ -49,7 +49,6 @@ import jax
 import numpy as np
 
 from refdl.config.plan import Traits
-from refdl.config.spec import straggler_of
 from refdl.core.layers import param_count
 from refdl.core.optim import make_optimizer_for
 from refdl.core.state import TrainState, to_host
@@ -89,7 +88,7 @@ class ParameterServer(Strategy):
         self.g = plan.groups  # aggregator ranks k..k+g-1 (hierarchical), else 0
         self.synchronous = spec.ps_mode in ("sync", "hierarchical")
         self.rank = launched_rank() if self.mode == "mpi" else 0
-        self.straggler = straggler_of(spec.straggler)
+        self.straggler = spec.straggler
         self.bound = 0 if self.synchronous else spec.staleness
         if spec.ps_mode in ("async", "softsync"):
             self.bound = float("inf")
@@ -256,7 +255,7 @@ class ParameterServer(Strategy):
             "softsync_n": self.spec.softsync_n,
             "gradients_per_update": self.per_update,
             "comm_bytes_per_step": self._comm_bytes(),
-            "straggler": self.spec.straggler,
+            "straggler": self.spec.straggler and str(self.spec.straggler),
         }
         if not self.synchronous and trace:
             update_of = None

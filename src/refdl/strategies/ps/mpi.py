@@ -280,7 +280,7 @@ class Worker:
             groups.append(ps.layout.unflat(got, s))
         params = ps.layout.join(groups)
         step = self._step_fn()
-        delay = ps.straggler[1] if ps.straggler and ps.straggler[0] == ps.rank else 0.0
+        delay = ps.straggler.seconds if ps.straggler and ps.straggler.rank == ps.rank else 0.0
         for clock in range(start, ps.spec.steps):
             if delay:
                 time.sleep(delay)

@@ -48,7 +48,7 @@ class Simulator:
         else:
             step_s = [1.0] * ps.w
             if ps.straggler:
-                step_s[ps.straggler[0] - ps.k] += ps.straggler[1]
+                step_s[ps.straggler.rank - ps.k] += ps.straggler.seconds
             if ps.spec.ps_mode == "softsync":
                 self.events = simulate_softsync_trace(
                     ps.w, step, ps.spec.steps, ps.per_update, step_s
