@@ -94,13 +94,14 @@ def measure(args) -> list[dict]:
 
 def predict(args) -> list[dict]:
     from refdl.perf import PredictOptions
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
     rows = []
     for model in SHAPE_MODELS:
         for strategy, zero in VARIANTS:
             opts = PredictOptions(optimizer_words=2, microbatches=1, zero=zero or 3)
-            (row,) = predict_steps(args.hw, strategy, model, args.paper_batch,
+            (row,) = predict_steps(args.hw, strategy, traits_of(strategy), model, args.paper_batch,
                                    [args.paper_workers], "strong", opts)  # fmt: skip
             rows.append({"model": model, "strategy": strategy, "zero": zero,
                          "workers": args.paper_workers, "params": row["params"],

@@ -96,12 +96,13 @@ def refdl_row(w: int, args) -> dict:
 def predicted_row(w: int, args) -> dict:
     from refdl.hw.profile import load as load_profile
     from refdl.perf import PredictOptions
-    from refdl.perf.costs import COSTS
+    from refdl.perf.costs import formula_of
     from refdl.perf.model_cost import model_cost
+    from refdl.strategies import traits_of
 
     m = model_cost("lenet5", DATA_OPTS)
     opts = PredictOptions(ps_mode="async", servers=1, optimizer_words=1)
-    c = COSTS.get("ps")(m, load_profile("local"), w * args.batch, w, opts)
+    c = formula_of(traits_of("ps"))(m, load_profile("local"), w * args.batch, w, opts)
     return {"system": "refdl predicted (local)", "workers": w,
             "samples_per_s": w * args.batch / c.step_time_s}  # fmt: skip
 

@@ -54,13 +54,15 @@ def bench(model: str, batch: int, count: int, steps: int, tmp: Path) -> dict:
     from refdl.bench.searches import kendall_tau_b
     from refdl.perf.model_cost import model_cost
     from refdl.perf.search import Planner
+    from refdl.strategies import declared_traits
 
     m = model_cost(model)
-    planner = Planner(m, hw.load("local"), 8, batch, runnable_only=True, optimizer_words=1)
+    planner = Planner(m, hw.load("local"), 8, batch, runnable_only=True, optimizer_words=1,
+                      strategies=declared_traits())  # fmt: skip
     found = planner.search().found
     rows = []
     for rank, p in chosen(found, count):
-        flags = p.config.train_flags(m.transformer is not None)
+        flags = p.config.train_flags(m.transformer is not None, planner.owners)
         t0 = time.perf_counter()
         measured = measure(model, batch, flags, steps, tmp / f"{model}-{rank}")
         print(f"bench_plan: {model} #{rank}/{len(found)} {p.config.describe()}: predicted "

@@ -80,13 +80,15 @@ CASES = [
 
 def predict_case(case: dict, overlap: float) -> dict:
     from refdl.perf import PredictOptions
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
     workers = sorted({case["base"], *[2**k for k in range(0, 10)], case["workers"]})
     workers = [w for w in workers if case["base"] <= w <= case["workers"]]
     rows = predict_steps(
         case["hw"],
         "data",
+        traits_of("data"),
         case["model"],
         case["batch_per_worker"],
         workers,

@@ -11,15 +11,17 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "refdl"
 # Layers, bottom to top (docs/design.md); a module may import its own layer or lower ones.
 # The core (layers, losses, optimizers) knows no model; assembling a data set, a model and
 # an optimizer into a Task (``refdl.assemble``) sits above all three; the predictor draws
-# with ``refdl.plots`` and knows no benchmark.
+# with ``refdl.plots`` and knows no benchmark; the command lines' shared parser
+# (``refdl.cli``) reads RunSpec's fields; the performance model's two entries that load
+# hardware profiles by name (predictions, plans) sit with ``refdl.hw``.
 LAYERS = {
-    "refdl.errors": 0, "refdl.registry": 0, "refdl.progress": 0, "refdl.plots": 0, "refdl.cli": 0,
-    "refdl.config": 1,
+    "refdl.errors": 0, "refdl.registry": 0, "refdl.progress": 0, "refdl.plots": 0,
+    "refdl.config": 1, "refdl.cli": 1,
     "refdl.core": 2, "refdl.data": 2, "refdl.comm": 2, "refdl.parallel": 2,
     "refdl.models": 3,
     "refdl.assemble": 4,
     "refdl.strategies": 5, "refdl.perf": 5,
-    "refdl.hw": 6,
+    "refdl.hw": 6, "refdl.perf.prediction": 6, "refdl.perf.planning": 6,
     "refdl.run": 7, "refdl.adapters": 7,
     "refdl.testing": 8, "refdl.predict": 8, "refdl.launch": 8, "refdl.train": 8,
     "refdl.validate": 9, "refdl.bench": 9, "refdl.__main__": 9, "refdl": 9,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any, NoReturn
 
@@ -29,3 +30,27 @@ class Parser(argparse.ArgumentParser):
                 super().__init__(*args, name=name, **kw)
 
         return self.add_subparsers(parser_class=Sub, **kwargs)
+
+
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunSpec fields the flags gave (parsed, not yet checked)."""
+    from refdl.config.flags import flag_of, inner  # (JAX comes with them: not at start-up)
+    from refdl.config.spec import RunSpec, parse_pairs
+    from refdl.config.values import Ints, Pairs
+    from refdl.errors import UsageError
+
+    fields = {f.name: f for f in dataclasses.fields(RunSpec)}
+    out: dict[str, Any] = {}
+    for name, raw in vars(args).items():
+        if name not in fields:
+            continue
+        value = inner(fields[name].metadata["value"])
+        if isinstance(value, Pairs):
+            raw = parse_pairs(raw, flag_of(fields[name]))
+        elif isinstance(value, Ints):
+            try:
+                raw = value.parse(raw)
+            except ValueError as e:
+                raise UsageError(f"{flag_of(fields[name])} {raw!r}: give {e}") from None
+        out[name] = raw
+    return out

@@ -21,43 +21,19 @@ this machine: ``refdl bench published``, ``scripts/bench_plan.py``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
-import re
 import subprocess
 import sys
-import time
 from typing import Any
 
-from refdl import hw
 from refdl.cli import Parser
 from refdl.config.paths import writable_file
-from refdl.config.values import Int
+from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
-from refdl.perf import OPTIMIZER_WORDS
-from refdl.strategies import traits_of
+from refdl.perf.planning import plan_configurations
+from refdl.strategies import declared_traits
 
 PROG = "refdl plan"
-MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-
-
-def memory_size(text: str) -> float:
-    """``80GB``, ``64MiB``, ``1.5e9`` or a plain byte count, in bytes."""
-    try:
-        value = float(text)
-        if value > 0 and math.isfinite(value):
-            return value
-    except ValueError:
-        pass
-    m = _SIZE.match(text)
-    if not m or float(m.group(1)) <= 0:
-        raise UsageError(f"--memory-limit {text!r}: give bytes, e.g. 80GB, 64MiB or 8e10")
-    unit = (m.group(2) or "B").upper().rstrip("B")
-    base = 1024 if "I" in unit else 1000
-    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
-    return float(m.group(1)) * base**power
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,113 +58,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100, help="with --run: training steps")
     p.add_argument("--out", help="with --run: the run folder")
     return p
-
-
-def model_of(name: str, seq_len: int | None) -> Any:
-    """The model's cost (``refdl.perf.model_cost``), at ``seq_len`` tokens a sequence."""
-    from refdl.perf.model_cost import model_cost, transformer_cost
-    from refdl.perf.zoo import TRANSFORMERS
-
-    if seq_len is None:
-        return model_cost(name)
-    if problem := Int(min=1, max=1 << 24).problem(seq_len):
-        raise UsageError(f"--seq-len must be {problem}")
-    if name in TRANSFORMERS.names():
-        shape = dataclasses.replace(TRANSFORMERS.get(name).shape, seq=seq_len)
-        return transformer_cost(name, shape)
-    if model_cost(name).transformer is None:
-        raise UsageError(f"--seq-len is for transformers; --model {name} is not one")
-    return model_cost(name, (("seq_len", str(seq_len)),))
-
-
-def default_optimizer(name: str) -> str:
-    """A refdl model's own optimizer (its recipe's), Adam for a shape-only model."""
-    from refdl.models import MODELS
-
-    if name in MODELS.names():
-        return str(MODELS.get(name).defaults.get("optimizer", "adam"))
-    return "adam"
-
-
-def row(p: Any, transformer: bool) -> dict[str, Any]:
-    """One configuration as ``--json`` gives it."""
-    c = p.config
-    total = sum(p.terms.values())
-    runs = c.runnable(transformer)
-    flags = c.train_flags(transformer, traits_of(c.strategy(transformer))) if runs else None
-    return {
-        "mesh": c.mesh.as_dict(),
-        "strategy": c.strategy(transformer),
-        "zero": c.zero,
-        "microbatches": c.microbatches,
-        "schedule": c.schedule if c.mesh.pipe > 1 else None,
-        "chunks": c.chunks,
-        "remat": c.remat,
-        "precision": c.precision,
-        "sequence_parallel": c.sequence_parallel,
-        "cp": c.cp if c.mesh.context > 1 else None,
-        "step_time_s": p.step_time_s,
-        "step_time_low_s": p.low_s,
-        "step_time_high_s": p.high_s,
-        "memory_bytes_per_device": p.memory_bytes,
-        "dominant_term": p.dominant,
-        "dominant_share": p.terms[p.dominant] / total if total else None,
-        "terms_s": p.terms,
-        "train_flags": flags,
-        "description": c.describe(),
-    }
-
-
-def plan(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """Search as the flags say; the ``--json`` record and the search."""
-    from refdl.perf.search import Planner, why_first
-
-    bounds = (("--devices", args.devices, MAX_DEVICES), ("--batch-size", args.batch_size, 1 << 24),
-              ("--top", args.top, 1 << 20), ("--steps", args.steps, 1 << 30))  # fmt: skip
-    for flag, value, top in bounds:
-        if problem := Int(min=1, max=top).problem(value):
-            raise UsageError(f"{flag} must be {problem}")
-    optimizer = args.optimizer or default_optimizer(args.model)
-    if optimizer not in OPTIMIZER_WORDS:
-        raise UsageError(f"unknown --optimizer {optimizer!r}; choose {', '.join(OPTIMIZER_WORDS)}")
-    precisions = None
-    if args.precision is not None:
-        precisions = tuple(x.strip() for x in args.precision.split(","))
-        if bad := [x for x in precisions if x not in ("fp32", "bf16")]:
-            raise UsageError(f"--precision {','.join(bad)}: choose fp32 or bf16")
-    profile = hw.load(args.hw)
-    device = profile.need_device()
-    for p in precisions or ():
-        profile.dtype_for(p)  # one line where the device has no such precision
-    limit = memory_size(args.memory_limit) if args.memory_limit else device.memory_bytes
-    model = model_of(args.model, args.seq_len)
-    t0 = time.perf_counter()
-    planner = Planner(
-        model, profile, args.devices, args.batch_size, memory_limit=limit,
-        precisions=precisions, optimizer_words=OPTIMIZER_WORDS[optimizer], library=args.library,
-        runnable_only=args.run,
-    )  # fmt: skip
-    result = planner.search(args.top)
-    seconds = time.perf_counter() - t0
-    transformer = model.transformer is not None
-    record = {
-        "hw": profile.name,
-        "model": args.model,
-        "optimizer": optimizer,
-        "params": model.params,
-        "devices": args.devices,
-        "global_batch": args.batch_size,
-        "seq_len": model.transformer.seq if transformer else None,
-        "memory_limit_bytes": limit,
-        "priced": result.priced,
-        "meshes": result.meshes,
-        "did_not_fit": result.too_big,
-        "seconds": seconds,
-        "configurations": [row(p, transformer) for p in result.found],
-    }
-    if len(result.found) > 1:
-        record["why_first"] = why_first(result.found[0], result.found[1])
-    return record, result
 
 
 def show(record: dict[str, Any]) -> None:
@@ -268,7 +137,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.model not in MODELS.names():
                 raise UsageError(f"--run trains refdl's models ({', '.join(MODELS.names())}); "
                                  f"{args.model} is a shape only")  # fmt: skip
-        record, _ = plan(args)
+        if problem := Int(min=1, max=1 << 30).problem(args.steps):
+            raise UsageError(f"--steps must be {problem}")
+        precisions = args.precision and tuple(x.strip() for x in args.precision.split(","))
+        record, _ = plan_configurations(
+            args.hw, args.model, args.devices, args.batch_size, strategies=declared_traits(),
+            seq_len=args.seq_len, top=args.top, precisions=precisions or None,
+            memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
+            optimizer=args.optimizer, library=args.library, runnable_only=args.run,
+        )  # fmt: skip
         if not record["configurations"]:
             raise UsageError(
                 f"no configuration of {args.model} fits {args.devices} devices of "

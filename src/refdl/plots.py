@@ -49,6 +49,20 @@ def gantt(timeline: Timeline, stages: int, path: str | Path, title: str = "") ->
     return save(fig, path, dpi=110)
 
 
+def run_schedule(summary: dict[str, Any], path: str | Path) -> Path | None:
+    """A pipeline run's last executed step (its folder's ``timeline.json``) as a Gantt
+    chart; None when the run recorded no pipeline timeline."""
+    import json
+
+    record = Path(summary["run_dir"]) / "timeline.json"
+    if not record.is_file():
+        return None
+    data = json.loads(record.read_text())  # refdl's own record of the run
+    title = (f"{summary.get('schedule')}, {summary.get('stages')} stages, "
+             f"{summary.get('microbatches')} mb")  # fmt: skip
+    return gantt(data["timeline"], data["stages"], path, title)
+
+
 def scaling(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Predicted speed-up and efficiency against workers, with the ideal line."""
     ps = [r["workers"] for r in rows]

@@ -21,7 +21,6 @@ al. and PowerAI report).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -31,10 +30,10 @@ from refdl.cli import Parser
 from refdl.comm.compress import SPARSE
 from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
-from refdl.config.values import Choice, Float, Int
+from refdl.config.values import Float
 from refdl.errors import UsageError
 from refdl.models import MODELS
-from refdl.perf import OPTIMIZER_WORDS, PredictOptions, architectures, intervals
+from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
@@ -42,9 +41,7 @@ from refdl.perf.collectives import (
     bandwidths,
     collective_time,
 )
-from refdl.perf.costs import COSTS
-from refdl.perf.model_cost import model_cost
-from refdl.perf.overlap import DDP_BUCKET_BYTES
+from refdl.perf.prediction import predict_steps, scope_note
 from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS
 from refdl.strategies import traits_of
 
@@ -52,138 +49,6 @@ PROG = "refdl.predict"
 
 
 STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
-
-
-def scope_note(profile: Any, workers: list[int]) -> str | None:
-    """What a prediction assumes when it asks more devices of a one-node profile than
-    the node holds: its own link, as one larger node (an NVSwitch machine such as a
-    DGX-2), not a network; None when the profile covers the worker counts."""
-    per_node, top = profile.devices_per_node, max(workers)
-    if "inter" in profile.links or "intra" not in profile.links or top <= per_node:
-        return None
-    wider = [n for n in hw.names() if n.startswith(profile.name + "-")]
-    return (
-        f"{profile.name} describes one node of {per_node} devices and no network: "
-        f"{top} workers are modelled as one larger node on its own link; for several "
-        "nodes use a profile with a network" + (f" ({', '.join(wider)})" if wider else "")
-    )
-
-
-def predict_steps(
-    hw_name: str,
-    strategy: str,
-    model: str,
-    batch_size: int,
-    workers: list[int],
-    scaling: str = "strong",
-    opts: Any = None,
-    precision: str = "fp32",
-    library: str | None = None,
-) -> list[dict[str, Any]]:
-    """The prediction rows for each worker count (see the module docstring).
-
-    ``step_time_s`` is the expectation: the profile's achieved figures (``[achieved]``,
-    for the model's op class, ``precision`` and ``library``) and, for data parallelism on
-    such a profile, the frameworks' bucketed overlap unless ``opts`` sets ``overlap`` or
-    ``bucket_mb``. ``bound_step_time_s`` is the bound: peaks and full overlap.
-    ``step_time_no_overlap_s`` / ``step_time_full_overlap_s`` are the expectation's two
-    overlap extremes."""
-    profile = hw.load(hw_name)
-    profile.need_device()  # a network described alone predicts no step
-    formula = COSTS.get(strategy)
-    for flag, value, kind in (("--scaling", scaling, Choice(("strong", "weak"))),
-                              ("--batch-size", batch_size, Int(min=1, max=10**9))):  # fmt: skip
-        if problem := kind.problem(value):
-            raise UsageError(f"{flag} must be {problem}")
-    if not workers or any(Int(min=1, max=1 << 20).problem(w) for w in workers):
-        raise UsageError(f"--workers must be integers >= 1 (got {workers})")
-    opts = dataclasses.replace(opts or PredictOptions(), precision=precision).validate()
-    traits = traits_of(strategy)
-    if traits.servers and opts.servers > max(workers):
-        raise UsageError(
-            f"--servers {opts.servers} exceeds --workers {max(workers)}: a server per worker "
-            "at most"
-        )
-    m = model_cost(model)
-    arch = architectures.factor(model) if m.op_class == "conv" else 1.0
-    expected_hw = profile.view("expected", precision, m.op_class, library, arch)
-    bound_hw = profile.view("bound", precision, m.op_class)
-    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
-        opts = dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
-    plain = dataclasses.replace(opts, bucket_mb=0.0)
-    variants = {
-        "bound": (bound_hw, dataclasses.replace(plain, overlap=1.0)),
-        "no_overlap": (expected_hw, dataclasses.replace(plain, overlap=0.0)),
-        "full_overlap": (expected_hw, dataclasses.replace(plain, overlap=1.0)),
-    }
-    rows: list[dict[str, Any]] = []
-    base = None
-    for w in workers:
-        batch = batch_size * w if scaling == "weak" else batch_size
-        if w == 1 and (traits.workers or bool(traits.axes)) and not traits.pipeline:
-            f, wk = COSTS.get("single"), 1
-        else:
-            f, wk = formula, w
-        c = f(m, expected_hw, batch, wk, opts)
-        other = {k: f(m, h, batch, wk, o).step_time_s for k, (h, o) in variants.items()}
-        throughput = batch / c.step_time_s
-        if base is None:
-            base = (w, throughput)
-        speedup = throughput / base[1] * base[0]
-        rows.append(
-            {
-                "hw": profile.name,
-                "strategy": strategy,
-                "model": model,
-                "precision": precision,
-                "library": library or profile.default_library(),
-                "architecture_factor": arch if profile.achieved is not None else None,
-                "workers": w,
-                "global_batch": batch,
-                "step_time_s": c.step_time_s,
-                **_step_interval(profile, precision, c.step_time_s),
-                "bound_step_time_s": other["bound"],
-                "step_time_no_overlap_s": other["no_overlap"],
-                "step_time_full_overlap_s": other["full_overlap"],
-                "compute_s": c.compute_s,
-                "comm_s": c.comm_s,
-                "bubble_s": c.bubble_s,
-                "throughput": throughput,
-                "speedup": speedup,
-                "efficiency": speedup / w,
-                "memory_bytes": c.memory_bytes,
-                "fits_memory": c.memory_bytes <= profile.device.memory_bytes
-                if profile.device.memory_bytes
-                else None,
-                "flops_per_device": c.flops,
-                "params": m.params,
-                **_by_axis(c),
-            }
-        )
-    if note := scope_note(profile, workers):
-        for r in rows:
-            r["note"] = note
-    return rows
-
-
-def _by_axis(c: Any) -> dict[str, Any]:
-    """``comm_by_axis``: each axis's seconds on its link, seconds exposed, bytes sent by a
-    device, and its share of the step's exposed communication (where the formula splits
-    it by axis)."""
-    if not c.comm_by_axis:
-        return {}
-    total = sum(e for _, _, e, _ in c.comm_by_axis)
-    return {"comm_by_axis": {
-        axis: {"time_s": t, "exposed_s": e, "bytes": n, "share": e / total if total else 0.0}
-        for axis, t, e, n in c.comm_by_axis}}  # fmt: skip
-
-
-def _step_interval(profile: Any, precision: str, t: float) -> dict[str, float | None]:
-    """``step_time_low_s`` / ``step_time_high_s``: the stated 80 % interval of a step
-    time (``refdl.perf.intervals``; wider where the device's figure is borrowed)."""
-    borrowed = profile.device is None or profile.borrowed_device(profile.dtype_for(precision))
-    iv = intervals.time_interval("step", t, borrowed)
-    return {"step_time_low_s": iv[0] if iv else None, "step_time_high_s": iv[1] if iv else None}
 
 
 def _collective_interval(profile: Any, library: str | None, workers: int, t: float) -> dict:
@@ -383,7 +248,7 @@ def _step_main(argv: list[str]) -> int:
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         traits = traits_of(args.strategy)
-        if args.compress and not (traits.workers and "compress" in traits.options):
+        if args.compress and not (traits.replicas and "compress" in traits.options):
             raise UsageError("--compress prices decentralized's top-k messages; for data's "
                              "sparse allreduce use predict collective --algo sparse "
                              "--density D")  # fmt: skip
@@ -409,8 +274,8 @@ def _step_main(argv: list[str]) -> int:
             remat=args.remat,
         )
         rows = predict_steps(
-            args.hw, args.strategy, args.model, args.batch_size, workers, args.scaling, opts,
-            precision=args.precision, library=args.library,
+            args.hw, args.strategy, traits, args.model, args.batch_size, workers, args.scaling,
+            opts, precision=args.precision, library=args.library,
         )  # fmt: skip
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

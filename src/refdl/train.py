@@ -29,18 +29,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
-from typing import Any
 
-from refdl.cli import Parser
+from refdl.cli import Parser, given_settings
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
 from refdl.parallel.signals import STOPPER
 
-# Only light modules are imported above, so SIGINT/SIGTERM are handled from the first
-# moments of `python -m refdl.train` (main() installs the handlers before anything else);
-# the rest (JAX among them) is imported inside the functions that need it.
-
+# Only light modules above: SIGINT/SIGTERM are handled from the first moments; JAX later.
 PROG = "refdl.train"
+SHOWN = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,104 +52,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plot_schedule(summary: dict[str, Any], path: str) -> str | None:
-    """Draw the last executed step's timeline (``timeline.json`` of the run) as a Gantt
-    chart; returns the file, or None when the run recorded no pipeline timeline."""
-    from refdl.config.files import load_json
-    from refdl.plots import gantt
-
-    record = Path(summary["run_dir"]) / "timeline.json"
-    if not record.is_file():
-        return None
-    data = load_json(record, "the run's", limit=256 << 20)
-    title = (f"{summary.get('schedule')}, {summary.get('stages')} stages, "
-             f"{summary.get('microbatches')} mb")  # fmt: skip
-    return str(gantt(data["timeline"], data["stages"], path, title))
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse, train, print where the results are; returns the exit status."""
     STOPPER.install(exit_as=PROG)  # SIGINT/SIGTERM from here on: one line, 130/143
-    try:
-        return _main(argv)
-    except Interrupted as e:  # before the loop started: nothing to save
-        print(f"{PROG}: interrupted by {signal.Signals(e.signum).name} before training began",
-              file=sys.stderr)  # fmt: skip
-        return 128 + e.signum
-
-
-def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from refdl.config.flags import file_settings, given_settings
-        from refdl.config.paths import writable_file
         from refdl.config.spec import RunSpec
-        from refdl.parallel.processes import keep_freed_memory
-        from refdl.run import settings as run_settings
+        from refdl.parallel.processes import keep_freed_memory, settle_before_exit
         from refdl.run.catalog import print_list
         from refdl.run.loop import fit
+        from refdl.run.settings import run_settings
 
         if getattr(args, "list", False):
             return print_list() or 0
-        settings = given_settings(args)
-        if getattr(args, "config", None):
-            settings = {**file_settings(args.config), **settings}
-        given = set(settings)
-        if settings.get("batch_schedule"):
-            from refdl.config.batches import BatchSchedule
-
-            first = BatchSchedule.parse(settings["batch_schedule"]).size_at(0)
-            if settings.setdefault("batch_size", first) != first:  # the schedule sets it
-                raise UsageError(
-                    f"--batch-schedule starts at batch {first} but --batch-size is "
-                    f"{settings['batch_size']}: drop --batch-size or make them agree"
-                )
-        if "resume" in settings:
-            settings = run_settings.resumed_settings(settings)
-        run_settings.check_given_options(settings, given)
-        settings = run_settings.choose_devices(settings, PROG)
-        if settings.get("plot_schedule") is not None:  # writable before the run, not after
-            writable_file(settings["plot_schedule"], "--plot-schedule", (".png", ".pdf", ".svg"))
+        settings = run_settings(given_settings(args), getattr(args, "config", None), PROG)
         keep_freed_memory()  # a step's large temporaries reused, not faulted in every step
         summary = fit(RunSpec.from_dict(settings, "the flags"))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        from refdl.parallel import processes
-
-        processes.settle_before_exit()  # every rank prints its line before the launcher ends
+        settle_before_exit()  # every rank prints its line before the launcher ends
         return 2
     except (DivergedError, WriteError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except Interrupted as e:
-        name = signal.Signals(e.signum).name
         where = f"; continue from {e.checkpoint} with --resume" if e.checkpoint else ""
-        print(f"{PROG}: interrupted by {name}{where}", file=sys.stderr, flush=True)
+        print(f"{PROG}: interrupted by {signal.Signals(e.signum).name}{where}", file=sys.stderr,
+              flush=True)  # fmt: skip
         return 128 + e.signum
     if not summary:  # a rank other than 0 under mpirun: rank 0 reports
         return 0
-    if settings.get("plot_schedule"):
-        try:
-            drawn = plot_schedule(summary, settings["plot_schedule"])
-            if drawn:
-                from refdl.run.report import write_json
+    if path := settings.get("plot_schedule"):
+        from refdl.plots import run_schedule
+        from refdl.run.report import record_drawing
 
-                summary["schedule_plot"] = drawn
-                write_json(Path(summary["run_dir"]) / "summary.json", summary)
-        except OSError as e:
-            print(f"{PROG}: error: cannot write {e.filename} ({e.strerror or e}); the run's "
-                  f"results are in {summary['run_dir']}", file=sys.stderr)  # fmt: skip
+        if not record_drawing(summary, "schedule_plot", lambda s: run_schedule(s, path), PROG):
             return 1
-    keys = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_second")
-    shown = ", ".join(f"{k} {summary[k]:.4g}" for k in keys if summary.get(k) is not None)
-    print(
-        f"{summary['strategy']} {summary['model']} on {summary['dataset']}: "
-        f"{summary['steps']} steps, {shown}; results in {summary['run_dir']}"
-    )
+    shown = ", ".join(f"{k} {summary[k]:.4g}" for k in SHOWN if summary.get(k) is not None)
+    print(f"{summary['strategy']} {summary['model']} on {summary['dataset']}: "
+          f"{summary['steps']} steps, {shown}; results in {summary['run_dir']}")  # fmt: skip
     return 0
 
 
 if __name__ == "__main__":
     from refdl.errors import exit_status
 
-    sys.exit(exit_status(main, "refdl.train"))
+    sys.exit(exit_status(main, PROG))

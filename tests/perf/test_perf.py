@@ -539,10 +539,11 @@ def test_hierarchical_ps_is_priced_in_two_levels():
     """W/G learners share each aggregator's link, then G aggregators the server's: on 64
     workers in 8 groups that is 2 x 8 serialized transfers where one server had 64."""
     from refdl.perf import PredictOptions
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
     def row(**kw):
-        return predict_steps("p100-nvlink-ib-edr", "ps", "resnet50", 2048, [64],
+        return predict_steps("p100-nvlink-ib-edr", "ps", traits_of("ps"), "resnet50", 2048, [64],
                              opts=PredictOptions(**kw))[0]  # fmt: skip
 
     flat, tree = row(ps_mode="sync"), row(ps_mode="hierarchical", ps_groups=8)

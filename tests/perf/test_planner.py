@@ -14,9 +14,10 @@ import pytest
 
 from conftest import ROOT, stderr_lines
 from refdl import hw
+from refdl.config.values import memory_size
 from refdl.perf.model_cost import model_cost
 from refdl.perf.search import Planner, meshes, why_first
-from refdl.plan import memory_size
+from refdl.strategies import declared_traits
 
 
 def plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -51,7 +52,7 @@ def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
 def test_the_pruned_search_finds_the_exhaustive_top():
     def planner() -> Planner:
         return Planner(model_cost("gpt3-2.7b"), hw.load("a100-nvlink-ib-hdr"), 64, 256,
-                       memory_limit=40e9)  # fmt: skip
+                       memory_limit=40e9, strategies=declared_traits())  # fmt: skip
 
     full, pruned = planner().search(), planner().search(8)
     assert [p.config for p in pruned.found] == [p.config for p in full.found[:8]]
@@ -62,7 +63,7 @@ def test_the_pruned_search_finds_the_exhaustive_top():
 def test_every_configuration_fits_its_memory_limit_and_nothing_fitting_is_one_line():
     limit = 24e9
     s = Planner(model_cost("llama3-8b"), hw.load("h100-nvlink-ib-ndr"), 16, 64,
-                memory_limit=limit).search()  # fmt: skip
+                memory_limit=limit, strategies=declared_traits()).search()  # fmt: skip
     assert s.found and all(p.memory_bytes <= limit for p in s.found) and s.too_big > 0
     proc = plan("--hw", "a100-nvlink-ib-hdr", "--model", "gpt3-175b", "--devices", "8",
                 "--batch-size", "8")  # fmt: skip
@@ -122,23 +123,24 @@ def test_what_run_would_train_refdl_train_accepts():
     """Every configuration of the runnable space for mlp and the transformer passes
     refdl train's checks (built without devices: the option and plan checks)."""
     from refdl.assemble import load_data, make_task, model_shape, resolve
-    from refdl.config.flags import given_settings
+    from refdl.cli import given_settings
     from refdl.config.plan import check_launch
     from refdl.config.plan import plan as check_plan
     from refdl.config.spec import RunSpec
     from refdl.run.settings import check_given_options
-    from refdl.strategies import STRATEGIES, declared_traits
+    from refdl.strategies import STRATEGIES
     from refdl.train import build_parser
 
     for model in ("mlp", "transformer"):
         m = model_cost(model)
-        found = Planner(m, hw.load("local"), 8, 64, runnable_only=True).search().found
+        owners = declared_traits()
+        found = Planner(m, hw.load("local"), 8, 64, runnable_only=True,
+                        strategies=owners).search().found  # fmt: skip
         assert len(found) >= 20
         shape = None
         for p in found:
             t = m.transformer is not None
-            traits = STRATEGIES.get(p.config.strategy(t)).traits
-            flags = ["--model", model, "--batch-size", "64", *p.config.train_flags(t, traits)]
+            flags = ["--model", model, "--batch-size", "64", *p.config.train_flags(t, owners)]
             settings = given_settings(build_parser().parse_args(flags))
             check_given_options(settings, set(settings))
             spec = resolve(RunSpec.from_dict(settings, "the flags"))

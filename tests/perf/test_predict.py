@@ -17,9 +17,10 @@ from refdl.perf import PredictOptions, compute_time, roofline_time
 from refdl.perf import costs as K
 from refdl.perf.collectives import Link, allgather_ring, allreduce_ring
 from refdl.perf.model_cost import ModelCost, model_cost
+from refdl.perf.prediction import predict_steps
 from refdl.perf.zoo import shape_param_count
 from refdl.predict import main as predict_main
-from refdl.predict import predict_steps
+from refdl.strategies import traits_of
 
 # Published parameter counts (torchvision / the papers / Hugging Face's gpt2).
 PUBLISHED_PARAMS = {
@@ -226,8 +227,8 @@ def test_shared_cores_add_up_operations_and_overlap_the_handoffs_of_concurrent_d
 
 
 def test_predict_steps_speedup_and_efficiency_definitions():
-    rows = predict_steps("p100-nvlink-ib-edr", "data", "lenet5_1998", 32, [1, 2, 8, 64],
-                         scaling="weak")  # fmt: skip
+    rows = predict_steps("p100-nvlink-ib-edr", "data", traits_of("data"), "lenet5_1998", 32,
+                         [1, 2, 8, 64], scaling="weak")  # fmt: skip
     assert [r["global_batch"] for r in rows] == [32, 64, 256, 2048]
     for r in rows:
         assert r["speedup"] == pytest.approx(r["throughput"] / rows[0]["throughput"])
@@ -256,11 +257,19 @@ def test_predict_cli_json_and_errors(capsys, tmp_path):
 def test_more_workers_than_a_one_node_profile_holds_says_what_it_assumes(capsys):
     # v100-nvlink is a DGX-1V node (8 GPUs, no network): 16 workers are one larger node
     # (how a DGX-2 is predicted), and the output says so and names the multi-node profile
-    assert "note" not in predict_steps("v100-nvlink", "data", "resnet50", 64, [1, 8])[0]
-    rows = predict_steps("v100-nvlink", "data", "resnet50", 64, [1, 8, 16])
+    assert (
+        "note"
+        not in predict_steps("v100-nvlink", "data", traits_of("data"), "resnet50", 64, [1, 8])[0]
+    )
+    rows = predict_steps("v100-nvlink", "data", traits_of("data"), "resnet50", 64, [1, 8, 16])
     assert "16 workers are modelled as one larger node" in rows[0]["note"]
     assert "(v100-nvlink-ib-edr)" in rows[0]["note"]
-    assert "note" not in predict_steps("v100-nvlink-ib-edr", "data", "resnet50", 64, [16])[0]
+    assert (
+        "note"
+        not in predict_steps("v100-nvlink-ib-edr", "data", traits_of("data"), "resnet50", 64, [16])[
+            0
+        ]
+    )
     assert predict_main(["collective", "--hw", "p100-nvlink", "--workers", "16",
                          "--bytes", "1e6"]) == 0  # fmt: skip
     out = capsys.readouterr().out

@@ -17,7 +17,9 @@ from refdl.bench import published as P
 from refdl.errors import UsageError
 from refdl.perf.collectives import Link, allreduce_hierarchical, allreduce_ring
 from refdl.perf.overlap import bucketed_step, buckets_of
-from refdl.predict import predict_collective, predict_steps
+from refdl.perf.prediction import predict_steps
+from refdl.predict import predict_collective
+from refdl.strategies import traits_of
 
 
 def test_buckets_fill_in_reverse_layer_order():
@@ -86,8 +88,8 @@ def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation(
     a = h100.view("expected", "fp32", "conv").peak_flops
     b = h100.view("expected", "fp32", "conv", architecture=2.0).peak_flops
     assert b == pytest.approx(2 * a)
-    v = predict_steps("h100-nvlink", "single", "vgg16", 64, [1])[0]
-    r = predict_steps("h100-nvlink", "single", "resnet50", 64, [1])[0]
+    v = predict_steps("h100-nvlink", "single", traits_of("single"), "vgg16", 64, [1])[0]
+    r = predict_steps("h100-nvlink", "single", traits_of("single"), "resnet50", 64, [1])[0]
     assert v["step_time_s"] / v["bound_step_time_s"] < r["step_time_s"] / r["bound_step_time_s"]
 
 
@@ -123,7 +125,7 @@ def test_mpi_and_gloo_figures_are_the_calibration_fit_and_predict_held_out_point
     many = [r for r in rows if r["source"] == "oci-mpi-benchmarks" and r["model"] == "allreduce"]
     assert many and all("36 ranks share each node" in r["skipped"] for r in many)
     with pytest.raises(UsageError, match=r"oci-roce100 has no \[device\]"):
-        predict_steps("oci-roce100", "single", "mlp", 64, [1])
+        predict_steps("oci-roce100", "single", traits_of("single"), "mlp", 64, [1])
 
 
 def test_bad_achieved_tables_name_the_key(tmp_path):
@@ -144,15 +146,15 @@ def test_bad_achieved_tables_name_the_key(tmp_path):
 def test_predict_reports_expected_and_bound():
     row = predict_collective("h100-nvlink", "allreduce", "ring", 1 << 28, [8])[0]
     assert row["bound_time_s"] < row["time_s"] and row["library"] == "nccl"
-    rows = predict_steps("h100-nvlink", "data", "resnet50", 64, [1, 8], scaling="weak",
-                         precision="bf16")  # fmt: skip
+    rows = predict_steps("h100-nvlink", "data", traits_of("data"), "resnet50", 64, [1, 8],
+                         scaling="weak", precision="bf16")  # fmt: skip
     for r in rows:
         assert r["bound_step_time_s"] <= r["step_time_s"]
         assert r["step_time_full_overlap_s"] <= r["step_time_s"] <= r["step_time_no_overlap_s"]
     with pytest.raises(UsageError, match="unknown --library 'ucx'"):
         predict_collective("h100-nvlink", "allreduce", "ring", 8, [8], library="ucx")
     with pytest.raises(UsageError, match="unknown --precision 'fp8'"):
-        predict_steps("h100-nvlink", "single", "mlp", 64, [1], precision="fp8")
+        predict_steps("h100-nvlink", "single", traits_of("single"), "mlp", 64, [1], precision="fp8")
 
 
 def test_every_point_has_a_citation_and_the_split_is_by_source():
@@ -242,7 +244,7 @@ def test_predict_states_the_interval(capsys):
     """predict returns and prints the stated interval; a borrowed link's is wider."""
     from refdl.perf import intervals
 
-    row = predict_steps("p100-nvlink", "single", "resnet50", 64, [1])[0]
+    row = predict_steps("p100-nvlink", "single", traits_of("single"), "resnet50", 64, [1])[0]
     lo, hi = row["step_time_low_s"], row["step_time_high_s"]
     t = row["step_time_s"]
     q = intervals.table()["step"]

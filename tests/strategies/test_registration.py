@@ -1,7 +1,8 @@
 """Adding a strategy is one module plus its registration: a small strategy written and
-registered in this test alone runs through ``refdl train``, ``refdl validate`` (exact,
-against PyTorch's plain training, which is single's twin) and ``refdl predict``, and
-no file of refdl knows its name. Its parameters equal single's (``assert_equivalent``)."""
+registered in this test alone - its traits carrying its own option check and naming its
+own cost formula - runs through ``refdl train``, ``refdl validate`` (exact, against
+PyTorch's plain training, which is single's twin) and ``refdl predict``, and no file of
+refdl knows its name. Its parameters equal single's (``assert_equivalent``)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,35 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from refdl.config.plan import Traits
+from refdl.config.plan import Plan, Traits
 from refdl.config.spec import RunSpec
-from refdl.perf.costs import COSTS
+from refdl.errors import UsageError
+from refdl.perf.costs import FORMULAS
 from refdl.strategies import STRATEGIES, Strategy, register
 from refdl.testing import assert_equivalent
 
 NAME = "gspmd_data"  # a name nothing in src/ mentions (checked below)
+COST = f"{NAME}_cost"
+
+
+def at_most_four(spec: RunSpec, plan: Plan) -> None:
+    """Its own rule, run by the planner with everyone else's: at most 4 replicas."""
+    if plan.mesh.data > 4:
+        raise UsageError(f"--strategy {NAME} keeps at most 4 replicas, not {plan.mesh.data}")
+
+
+def cost(m, hw, batch, workers, opts):
+    """Its own cost formula: data parallelism's (XLA's partitioner inserts the same
+    allreduce)."""
+    return FORMULAS.get("data_parallel")(m, hw, batch, workers, opts)
 
 
 class GspmdData(Strategy):
     """Data parallelism left to XLA's partitioner: the state replicated, the batch split on
     ``data``; ``Task.step`` jitted with those shardings, no collective written by hand."""
 
-    traits = Traits(axes=("data",), options=frozenset({"mesh"}), multiprocess="spmd")
+    traits = Traits(axes=("data",), options=frozenset({"mesh"}), multiprocess="spmd",
+                    checks=(at_most_four,), cost=COST)  # fmt: skip
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
@@ -47,10 +63,10 @@ class GspmdData(Strategy):
 @pytest.fixture(scope="module")
 def registered():
     register(NAME)(GspmdData)
-    COSTS.register(NAME)(COSTS.get("data"))  # predicted as data parallelism
+    FORMULAS.register(COST)(cost)
     yield NAME
     STRATEGIES.unregister(NAME)
-    COSTS.unregister(NAME)
+    FORMULAS.unregister(COST)
 
 
 def test_no_file_of_refdl_knows_the_name():
@@ -84,6 +100,9 @@ def test_train_runs_it_and_refuses_options_it_does_not_declare(registered, tmp_p
         in capsys.readouterr().err
     )
     assert not (tmp_path / "no").exists()
+    assert main(["--strategy", NAME, "--devices", "8", "--out", str(tmp_path / "eight")]) == 2
+    assert f"--strategy {NAME} keeps at most 4 replicas, not 8" in capsys.readouterr().err
+    assert not (tmp_path / "eight").exists()
 
 
 @pytest.mark.skipif(not __import__("refdl.adapters.torch", fromlist=["available"]).available(),

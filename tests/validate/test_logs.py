@@ -260,9 +260,10 @@ def test_bench_validate_small_healthy_pass_and_every_bug_fails(tmp_path, framewo
 
 
 def test_throughput_on_a_published_profile_is_judged_by_the_prediction_s_interval(tmp_path):
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
-    row = predict_steps("p100-nvlink", "single", "mlp", 64, [1])[0]
+    row = predict_steps("p100-nvlink", "single", traits_of("single"), "mlp", 64, [1])[0]
     notes = {}
     for name, factor in (("inside", 1.0), ("fast", 10.0), ("slow", 0.1)):
         log = tmp_path / f"{name}.jsonl"

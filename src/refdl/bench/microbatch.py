@@ -28,10 +28,10 @@ import jax
 import numpy as np
 
 from refdl.config.spec import RunSpec
+from refdl.config.values import memory_size
 from refdl.core.conv import ConvPlan, conv_impl, conv_plan
 from refdl.errors import UsageError
 from refdl.perf import microbatch as mb
-from refdl.plan import memory_size
 from refdl.run.build import build
 
 IMPLS = ("xla", "im2col")

@@ -22,10 +22,11 @@ from typing import Any
 from refdl import hw
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
-from refdl.perf.costs import COSTS
+from refdl.perf.costs import formula_of
 from refdl.perf.model_cost import model_cost
 from refdl.perf.transformer import TransformerShape, model_flops
 from refdl.perf.zoo import TRANSFORMERS, register_transformer
+from refdl.strategies import traits_of
 
 LAYOUT = ("mesh", "global_batch", "microbatch", "schedule", "chunks", "sequence_parallel",
           "remat", "cp", "flops_counted", "overlap")  # fmt: skip
@@ -118,7 +119,7 @@ def published_time(p: Any, precision: str) -> float:
 def step_time(p: Any, view: Any, precision: str) -> float:
     """The hybrid formula's step time of the point on the profile ``view``."""
     m = model_cost(p.model)
-    return COSTS.get("hybrid")(m, view, layout(p)["global_batch"], p.workers,
+    return formula_of(traits_of("hybrid"))(m, view, layout(p)["global_batch"], p.workers,
                                options(p, precision)).step_time_s  # fmt: skip
 
 

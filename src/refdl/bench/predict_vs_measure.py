@@ -43,7 +43,7 @@ from refdl.hw.calibrate.in_step import device_tables, generic_steps
 from refdl.hw.calibrate.links import fit_alpha_beta, simulated_devices_allreduce
 from refdl.parallel.processes import mpirun_command, mpirun_env, simulate_devices
 from refdl.perf import PredictOptions
-from refdl.predict import predict_steps
+from refdl.perf.prediction import predict_steps
 from refdl.run.build import build
 from refdl.run.trajectory import trajectory
 from refdl.strategies import traits_of
@@ -114,8 +114,10 @@ def predict(
         link="inter" if traits.multiprocess == "mpi" else None,
         servers=1,
     )
-    w = workers - 1 if traits.servers else workers  # ps: one rank is the server
-    return predict_steps(profile, strategy, model, batch, [w], "strong", opts)[0]
+    w = workers - 1 if traits.has_servers else workers  # ps: one rank is the server
+    return predict_steps(profile, strategy, traits_of(strategy), model, batch, [w], "strong", opts)[
+        0
+    ]
 
 
 def recalibrated(folder: str, round_: int) -> str:

@@ -166,9 +166,10 @@ def collective_times(p: Point, profile) -> tuple[float, float]:
 
 def step_times(p: Point) -> tuple[float, float]:
     """(expected, bound) seconds of one single-device step at the point's batch."""
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
-    row = predict_steps(p.hw, "single", p.model, p.batch or ASSUMED_BATCH, [1],
+    row = predict_steps(p.hw, "single", traits_of("single"), p.model, p.batch or ASSUMED_BATCH, [1],
                         precision=PRECISION[p.precision])[0]  # fmt: skip
     return row["step_time_s"], row["bound_step_time_s"]
 
@@ -177,12 +178,14 @@ def parallel_times(p: Point) -> tuple[float, tuple[float, float]]:
     """(published, (expected, bound)) seconds of a parallel point's step: the hybrid
     formula on its layout (``refdl.bench.parallel_points``) with the profile's achieved
     figures, and with peaks and full overlap."""
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
     precision = PRECISION[p.precision]
     opts = parallel_points.options(p, precision)
-    row = predict_steps(p.hw, "hybrid", p.model, parallel_points.layout(p)["global_batch"],
-                        [p.workers], opts=opts, precision=precision,
+    row = predict_steps(p.hw, "hybrid", traits_of("hybrid"), p.model,
+                        parallel_points.layout(p)["global_batch"], [p.workers], opts=opts,
+                        precision=precision,
                         library=_library(p, hw.load(p.hw)))[0]  # fmt: skip
     return parallel_points.published_time(p, precision), (
         row["step_time_s"],
@@ -194,10 +197,11 @@ def efficiencies(p: Point, base_workers: int) -> dict[str, float]:
     """Predicted weak-scaling efficiency at ``p.workers`` relative to ``base_workers``:
     expected (bucketed overlap), and the no-overlap / full-overlap extremes; full overlap
     is the bound (no framework hides more communication than all of it)."""
-    from refdl.predict import predict_steps
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
 
     profile = hw.load(p.hw)
-    rows = predict_steps(p.hw, "data", p.model, p.batch or ASSUMED_BATCH,
+    rows = predict_steps(p.hw, "data", traits_of("data"), p.model, p.batch or ASSUMED_BATCH,
                          [base_workers, p.workers], scaling="weak",
                          precision=PRECISION[p.precision],
                          library=_library(p, profile))  # fmt: skip

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from refdl.config.files import load_json, load_toml
-from refdl.config.spec import OUTPUT_KEYS, RunSpec, flag, parse_pairs
-from refdl.config.values import Choice, Flag, Float, Int, Ints, Optional, Pairs
+from refdl.config.spec import OUTPUT_KEYS, RunSpec, flag
+from refdl.config.values import Choice, Flag, Float, Int, Optional, Pairs
 from refdl.errors import UsageError
 
 
-def _inner(value: Any) -> Any:
+def inner(value: Any) -> Any:
     return value.inner if isinstance(value, Optional) else value
 
 
@@ -45,7 +45,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
     for f in dataclasses.fields(RunSpec):
         if only is not None and f.name not in only:
             continue
-        meta, value = f.metadata, _inner(f.metadata["value"])
+        meta, value = f.metadata, inner(f.metadata["value"])
         title = meta.get("group") or "options"
         group = groups.setdefault(title, parser.add_argument_group(title))
         kw: dict[str, Any] = {"help": _help(f), "dest": f.name}
@@ -62,25 +62,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
             if meta.get("metavar"):
                 kw["metavar"] = meta["metavar"]
         group.add_argument(flag_of(f), **kw)
-
-
-def given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The RunSpec fields the flags gave (parsed, not yet checked)."""
-    fields = {f.name: f for f in dataclasses.fields(RunSpec)}
-    out: dict[str, Any] = {}
-    for name, raw in vars(args).items():
-        if name not in fields:
-            continue
-        value = _inner(fields[name].metadata["value"])
-        if isinstance(value, Pairs):
-            raw = parse_pairs(raw, flag_of(fields[name]))
-        elif isinstance(value, Ints):
-            try:
-                raw = value.parse(raw)
-            except ValueError as e:
-                raise UsageError(f"{flag_of(fields[name])} {raw!r}: give {e}") from None
-        out[name] = raw
-    return out
 
 
 def file_settings(path: str) -> dict[str, Any]:
@@ -108,7 +89,7 @@ def file_settings(path: str) -> dict[str, Any]:
                 f"--config {path}: {key!r} says where a run writes, which only the command "
                 f"line says; give {flag(key)} instead"
             )
-        if isinstance(value, dict) and isinstance(_inner(fields[key].metadata["value"]), Pairs):
+        if isinstance(value, dict) and isinstance(inner(fields[key].metadata["value"]), Pairs):
             value = [[str(k), str(v)] for k, v in value.items()]  # a TOML table of options
         if value != fields[key].default and value is not None:
             out[key] = value

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -47,38 +47,50 @@ class Traits:
     ``axes``: the mesh axes it may split over (``()``: one device); ``options``: the
     fields of ``STRATEGY_OPTIONS`` it accepts; ``multiprocess``: how it runs under
     ``mpirun`` (``spmd``: one runtime over all ranks; ``mpi``: a runtime per rank;
-    ``None``: one process only); ``workers``: its unit is a worker (a rank, a device
+    ``None``: one process only); ``replicas``: its unit is a worker (a rank, a device
     or a simulated worker) holding a whole replica, not a mesh axis; ``modes``: where a
     worker strategy runs (``spmd`` on devices, ``mpi`` ranks, ``simulate`` in one
-    process); ``servers``: some ranks are parameter servers (``--servers``);
+    process); ``has_servers``: some ranks are parameter servers (``--servers``);
     ``straggler_modes``: the modes ``--straggler`` can delay a worker in; ``pipeline``: it
     runs a pipeline schedule even with one stage (a ``pipe`` axis > 1 also makes one);
+    ``shards_params``: a ZeRO stage (``--zero``) shards its state over its data axis;
     ``batch_stats``: whether it supports models with batch statistics (BatchNorm);
     ``whole_sequences``: each device's step sees whole sequences (a mixture-of-experts
     router ranks a sequence's tokens; ``context`` gives a device a piece of each);
-    ``synchronous``: its parameters after N steps equal ``single``'s (``ps`` only with
-    ``--ps-mode sync``, see ``synchronous_with``); ``fills_host``: with neither
+    ``synchronous``: its parameters after N steps equal ``single``'s; ``consistency``:
+    the ``--ps-mode`` values it takes and, of them, ``synchronous_modes`` those in which
+    it is synchronous (see ``synchronous_with``); ``fills_host``: with neither
     ``--devices`` nor ``--mesh`` it takes the whole host (8 simulated CPU devices or
     every accelerator) and factors them over its axes.
+
+    The strategy's own rules travel with it: ``checks`` are run by ``plan`` on the
+    checked ``Plan`` (each ``check(spec, plan)`` raises a one-line UsageError), and
+    ``cost`` names its step-cost formula in ``refdl.perf.costs.FORMULAS`` (which the
+    strategy module never imports).
     """
 
     axes: tuple[str, ...] = ()
     options: frozenset[str] = frozenset()
     multiprocess: str | None = None
-    workers: bool = False
+    replicas: bool = False
     modes: tuple[str, ...] = ("spmd",)
-    servers: bool = False
+    has_servers: bool = False
     straggler_modes: tuple[str, ...] = ("mpi",)
     pipeline: bool = False
+    shards_params: bool = False
     batch_stats: bool = True
     whole_sequences: bool = True
     synchronous: bool = True
+    synchronous_modes: tuple[str, ...] = ()
     fills_host: bool = False
+    checks: tuple[Callable[[RunSpec, Plan], None], ...] = ()
+    cost: str = ""
 
     def synchronous_with(self, ps_mode: str | None) -> bool:
-        """Whether a run with this consistency mode equals ``single`` step by step."""
-        if "ps_mode" in self.options:
-            return ps_mode in (None, "sync", "hierarchical")
+        """Whether a run with this consistency mode (``--ps-mode``; None: the default)
+        equals ``single`` step by step."""
+        if self.synchronous_modes:
+            return ps_mode is None or ps_mode in self.synchronous_modes
         return self.synchronous
 
     def pipe_degree(self, spec: RunSpec) -> int:
@@ -169,7 +181,6 @@ def plan(
     check_options(spec.given(), strategy, traits, owners or {strategy: traits})
     check_launch(spec, strategy, traits, ranks)
     check_precision(spec, traits, ranks)
-    m = spec.microbatches
     if spec.batch_size > model.train_size:
         raise UsageError(
             f"--batch-size {spec.batch_size} is larger than the {model.train_size} training "
@@ -191,9 +202,25 @@ def plan(
             f"{model.name}'s router ranks whole sequences; use --strategy hybrid with "
             "--mesh context=..,expert=.."
         )
-    if traits.workers:
-        return _worker_plan(spec, strategy, traits, model, ranks)
-    mesh = mesh_of(spec, strategy, traits, owners or {strategy: traits})
+    checked = (_worker_plan if traits.replicas else _mesh_plan)(
+        spec, strategy, traits, model, ranks, owners or {strategy: traits}
+    )
+    for check in traits.checks:  # the strategy's own rules, on what was decided
+        check(spec, checked)
+    return checked
+
+
+def _mesh_plan(
+    spec: RunSpec,
+    strategy: str,
+    traits: Traits,
+    model: ModelShape,
+    ranks: int,
+    owners: Mapping[str, Traits],
+) -> Plan:
+    """The strategies over mesh axes: degrees, rules, batch split, layers, pipeline cuts."""
+    m = spec.microbatches
+    mesh = mesh_of(spec, strategy, traits, owners)
     preset = spec.preset or "tensor"
     rules, batch_axes = PRESET_RULES[preset]
     if mesh.pipe > 1 and spec.preset:
@@ -208,17 +235,6 @@ def plan(
     if mesh.expert > 1:  # the expert axis splits the batch too (GShard, DeepSpeed-MoE)
         batch_axes = (*((batch_axes,) if isinstance(batch_axes, str) else batch_axes), "expert")
     check_batch(spec.batch_size, degree(mesh, batch_axes), m)
-    if spec.allreduce == "halving-doubling" and mesh.data & (mesh.data - 1):
-        raise UsageError(
-            f"--allreduce halving-doubling needs a power-of-two data degree, not {mesh.data}"
-        )
-    if spec.allreduce in SPARSE_ALLREDUCE:
-        check_sparse(spec, mesh.data)
-    elif spec.compress and spec.compress.bits != 32:
-        raise UsageError(f"--compress {spec.compress}: q8/q4 values are the sparse allreduce's; "
-                         "add --allreduce sparse")  # fmt: skip
-    if spec.sfb != "off" and spec.compress:
-        raise UsageError(f"--sfb {spec.sfb} sends factors uncompressed; use it without --compress")
     check_experts(spec, mesh, model)
     check_layers(mesh, model, rules)
     check_sequence(spec, mesh, model)
@@ -233,40 +249,6 @@ def plan(
     elif spec.chunks != 1:
         raise UsageError(f"--chunks {spec.chunks} needs pipeline stages (pipe > 1)")
     return Plan(mesh, m, rules, batch_axes, "spmd", chunks=chunks, cuts=cuts)
-
-
-def check_sparse(spec: RunSpec, p: int) -> None:
-    """``--allreduce sparse`` sums top-k pairs by recursive doubling: a top-k codec and
-    a power-of-two data degree (``sparse-split`` takes any)."""
-    if not (spec.compress and spec.compress.topk):
-        raise UsageError(f"--allreduce {spec.allreduce} sums the top-k of each gradient; add "
-                         "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
-    if spec.allreduce == "sparse" and p & (p - 1):
-        raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}; "
-                         "--allreduce sparse-split takes any")  # fmt: skip
-
-
-def check_compressed_gossip(spec: RunSpec) -> None:
-    """decentralized: neighbours exchange replicas, so its one ``--allreduce`` is
-    ``sparse`` (CHOCO-SGD's top-k messages), with a top-k codec and a fixed graph."""
-    if spec.allreduce not in ("xla", "sparse"):
-        raise UsageError(f"--allreduce {spec.allreduce}: decentralized averages with its "
-                         "neighbours, not by an allreduce; --allreduce sparse sends them "
-                         "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
-    if spec.allreduce != "sparse":
-        if spec.compress:
-            raise UsageError(f"--compress {spec.compress}: decentralized sends compressed "
-                             "replicas as top-k pairs; add --allreduce sparse")  # fmt: skip
-        if spec.consensus_step is not None:
-            raise UsageError("--consensus-step is CHOCO-SGD's, the compressed gossip; add "
-                             "--allreduce sparse --compress topk:RATIO")  # fmt: skip
-        return
-    if not (spec.compress and spec.compress.topk):
-        raise UsageError("--allreduce sparse sends the top-k of each replica's change; add "
-                         "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
-    if spec.gossip:
-        raise UsageError("--allreduce sparse keeps each neighbour's public copy over a fixed "
-                         "graph; --gossip changes the graph every step: drop one")  # fmt: skip
 
 
 def check_options(
@@ -496,11 +478,16 @@ def balance(costs: list[int], parts: int) -> list[int]:
 
 
 def _worker_plan(
-    spec: RunSpec, strategy: str, traits: Traits, model: ModelShape, ranks: int
+    spec: RunSpec,
+    strategy: str,
+    traits: Traits,
+    model: ModelShape,
+    ranks: int,
+    owners: Mapping[str, Traits],
 ) -> Plan:
     """ps and decentralized: workers are ranks, devices or simulated workers."""
     m = spec.microbatches
-    servers = spec.servers if traits.servers else 0
+    servers = spec.servers if traits.has_servers else 0
     groups = 0
     if ranks > 1:
         mode = "mpi"
@@ -510,7 +497,7 @@ def _worker_plan(
                 f"{servers + 1} ranks (mpirun -n {servers + 1}) or lower --servers"
             )
         workers = ranks - servers
-        if spec.ps_mode == "hierarchical" and traits.servers:
+        if spec.ps_mode == "hierarchical" and traits.has_servers:
             groups = check_groups(spec, ranks)
             workers -= groups
     elif spec.simulate:
@@ -534,8 +521,6 @@ def _worker_plan(
         )
     else:
         mode, workers = "spmd", spec.devices
-    if "allreduce" in traits.options:
-        check_compressed_gossip(spec)
     if spec.batch_size % (workers * m):
         raise UsageError(
             f"--batch-size {spec.batch_size} does not split into {workers} worker shares of "
@@ -556,17 +541,6 @@ def _worker_plan(
                 f"--straggler {spec.straggler}: rank {straggler.rank} is not a worker "
                 f"(workers are ranks {lo}..{lo + workers - 1})"
             )
-    if spec.ps_trace and spec.ps_mode in ("sync", "hierarchical"):
-        raise UsageError("--ps-trace replays an async, ssp or softsync run; add --ps-mode "
-                         "async|ssp|softsync")  # fmt: skip
-    if spec.ps_mode == "softsync" and traits.servers:
-        n = spec.softsync_n or 1
-        if servers != 1:
-            raise UsageError("--ps-mode softsync has one server (its order is the one the "
-                             "replay needs); drop --servers")  # fmt: skip
-        if workers % n:
-            raise UsageError(f"--softsync-n {n}: the {workers} workers do not split into {n} "
-                             f"equal updates; use a divisor of {workers}")  # fmt: skip
     mesh = MeshSpec(data=workers if mode == "spmd" else 1)
     return Plan(mesh, m, {}, "data", mode, workers=workers, servers=servers, groups=groups)
 

@@ -384,8 +384,13 @@ class RunSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "the configuration") -> RunSpec:
         """The inverse of ``to_dict``; unknown keys are ignored (specs only grow). The spec
-        is checked as it is made (``__post_init__``)."""
-        return cls(**cls.settings(d, where))
+        is checked as it is made (``__post_init__``); a batch schedule given without a
+        batch size sets it (its first)."""
+        kw = cls.settings(d, where)
+        if isinstance(kw.get("batch_schedule"), str) and "batch_size" not in kw:
+            kw["batch_schedule"] = BatchSchedule.parse(kw["batch_schedule"])
+            kw["batch_size"] = kw["batch_schedule"].size_at(0)
+        return cls(**kw)
 
     @classmethod
     def settings(cls, d: dict[str, Any], where: str = "the configuration") -> dict[str, Any]:

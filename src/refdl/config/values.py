@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from refdl.errors import UsageError
@@ -263,3 +264,23 @@ def parse_options(
             )
         out[key] = options[key].parse(key, raw, flag)
     return out
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def memory_size(text: str) -> float:
+    """``80GB``, ``64MiB``, ``1.5e9`` or a plain byte count, in bytes."""
+    try:
+        value = float(text)
+        if value > 0 and math.isfinite(value):
+            return value
+    except ValueError:
+        pass
+    m = _SIZE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--memory-limit {text!r}: give bytes, e.g. 80GB, 64MiB or 8e10")
+    unit = (m.group(2) or "B").upper().rstrip("B")
+    base = 1024 if "I" in unit else 1000
+    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
+    return float(m.group(1)) * base**power

@@ -51,7 +51,18 @@ from refdl.perf.transformer import (
 from refdl.registry import Registry
 
 CostFormula = Callable[[ModelCost, Any, int, int, PredictOptions], CostBreakdown]
-COSTS: Registry[CostFormula] = Registry("cost model of strategy")
+# Step-cost formulas by their own names; a strategy names its formula in its Traits
+# (``Traits.cost``), so a strategy written elsewhere adds its formula here and names it.
+FORMULAS: Registry[CostFormula] = Registry("step-cost formula")
+
+
+def formula_of(traits: Any) -> CostFormula:
+    """The step-cost formula a strategy's traits name (``Traits.cost``)."""
+    if not traits.cost:
+        raise UsageError("this strategy names no step-cost formula (Traits.cost); register one "
+                         "in refdl.perf.costs.FORMULAS and name it")  # fmt: skip
+    return FORMULAS.get(traits.cost)
+
 
 ALLREDUCE_ALIASES = {"xla": "ring", "halving-doubling": "rabenseifner"}
 
@@ -119,7 +130,7 @@ def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> floa
     return (2 + opts.optimizer_words) * m.param_bytes / shard
 
 
-@COSTS.register("single")
+@FORMULAS.register("one_device")
 def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """The whole step on one device: compute (operations or roofline), no communication."""
     if workers != 1:
@@ -131,7 +142,7 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
 
 
-@COSTS.register("data")
+@FORMULAS.register("data_parallel")
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
     b = batch / workers
@@ -186,7 +197,7 @@ def sufficient_factors(
     return allreduce(max(rest, 0.0)) + gathers
 
 
-@COSTS.register("fsdp")
+@FORMULAS.register("zero")
 def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """ZeRO stage ``opts.zero`` over P workers (Rajbhandari et al. 2020): data-parallel
     compute of B/P samples; ring reduce-scatters and all-gathers of the fp32 parameters
@@ -219,7 +230,7 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     )
 
 
-@COSTS.register("model")
+@FORMULAS.register("tensor")
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
     split leaves (``_tp_comm``; a transformer's in closed form, ``transformer_step``)."""
@@ -237,7 +248,7 @@ def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     )  # fmt: skip
 
 
-@COSTS.register("pipeline")
+@FORMULAS.register("pipeline")
 def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """P balanced stages, M microbatches: each stage computes 1/P of the step; the bubble
     is the schedule table's idle share ``f`` (``bubble_s = compute * f / (1 - f)``; the
@@ -272,7 +283,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     )
 
 
-@COSTS.register("hybrid")
+@FORMULAS.register("mesh")
 def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
     allreduce of each replica's 1/(model x pipe) share of the gradients; a transformer on
@@ -314,7 +325,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     )
 
 
-@COSTS.register("context")
+@FORMULAS.register("context")
 def context(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """The sequence split P ways (``transformer_step`` with ``context=P``)."""
     if m.transformer is None:
@@ -381,7 +392,7 @@ def transformer_step(
     )
 
 
-@COSTS.register("ps")
+@FORMULAS.register("parameter_server")
 def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """W workers compute B/W each; push gradients and pull parameters through K servers.
     Sync: compute, then push/pull (each server's link carries W/K of the traffic). Async
@@ -418,7 +429,7 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     )
 
 
-@COSTS.register("decentralized")
+@FORMULAS.register("gossip")
 def decentralized(
     m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions
 ) -> CostBreakdown:

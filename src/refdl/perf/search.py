@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from refdl.config.mesh import AXES, MeshSpec
@@ -39,7 +39,7 @@ from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
 from refdl.perf import PredictOptions, intervals
-from refdl.perf.costs import COSTS
+from refdl.perf.costs import formula_of
 from refdl.perf.model_cost import ModelCost
 
 REMATS = ("none", "selective", "full")
@@ -61,21 +61,23 @@ class Config:
     sequence_parallel: bool = False
     cp: str = "ring"
 
-    def strategy(self, transformer: bool) -> str:
-        """The refdl strategy that runs it (and whose cost formula prices it)."""
-        m = self.mesh
-        if self.zero and not transformer:  # a transformer's ZeRO is hybrid's data_zero
-            return "fsdp"
-        axes = [a for a in AXES if getattr(m, a) > 1]
-        if transformer and axes:
-            return "hybrid"
-        if not axes:
-            return "single"
-        if len(axes) == 1 and axes[0] in ("data", "model"):
-            return axes[0]
-        if axes == ["pipe"]:
-            return "pipeline"
-        return "hybrid"
+    def strategy(self, transformer: bool, owners: Mapping[str, Traits]) -> str:
+        """The strategy that runs it (and whose cost formula prices it), asked of the
+        registered strategies' traits (``owners``): of those stepping in lockstep over mesh
+        axes that cover the layout's, the one sharding its state by ZeRO where ``zero`` is
+        set (a transformer's ZeRO is the general one's data_zero), else the narrowest; a
+        transformer on any axis takes the broadest, whose formula prices all six."""
+        used = {a for a in AXES if getattr(self.mesh, a) > 1}
+        sharded = bool(self.zero) and not transformer
+        fits = [
+            (len(t.axes), name)
+            for name, t in owners.items()
+            if not t.replicas and used <= set(t.axes) and t.shards_params == sharded
+        ]
+        if not fits:
+            raise UsageError(f"no registered strategy runs {self.describe()}")
+        broadest = transformer and bool(used)
+        return min(fits, key=lambda f: (-f[0] if broadest else f[0], f[1]))[1]
 
     def describe(self) -> str:
         """The layout in a line: mesh, ZeRO, microbatches, schedule, remat, precision."""
@@ -104,16 +106,18 @@ class Config:
             return False
         return not (self.sequence_parallel and self.mesh.context > 1)
 
-    def train_flags(self, transformer: bool, traits: Traits) -> list[str]:
+    def train_flags(self, transformer: bool, owners: Mapping[str, Traits]) -> list[str]:
         """``refdl train`` flags that run it (see ``runnable``) with the strategy of
-        ``strategy(transformer)``, whose ``traits`` say how it takes its layout: ZeRO's
+        ``strategy(transformer, owners)``, whose traits say how it takes its layout: ZeRO's
         stage, pipeline stages, or a mesh over several axes."""
-        flags = ["--strategy", self.strategy(transformer), "--devices", str(self.mesh.size)]
-        if "zero" in traits.options:
+        name = self.strategy(transformer, owners)
+        traits = owners[name]
+        flags = ["--strategy", name, "--devices", str(self.mesh.size)]
+        if traits.shards_params:
             flags += ["--zero", str(self.zero)]
-        elif "stages" in traits.options:
+        elif traits.pipeline:
             flags += ["--stages", str(self.mesh.pipe)]
-        elif "mesh" in traits.options and len(traits.axes) > 1:
+        elif len(traits.axes) > 1:
             flags += ["--mesh", self.mesh.text()]
         if self.mesh.pipe > 1 or self.microbatches > 1:
             flags += ["--microbatches", str(self.microbatches)]
@@ -216,8 +220,10 @@ class Planner:
         optimizer_words: int = 2,
         library: str | None = None,
         runnable_only: bool = False,
+        strategies: Mapping[str, Traits],
     ) -> None:
         self.m, self.profile, self.n, self.batch = model, profile, devices, batch
+        self.owners = strategies  # the registered strategies' traits, by name
         self.shape = model.transformer
         dev = profile.need_device()
         self.limit = memory_limit if memory_limit is not None else dev.memory_bytes
@@ -303,8 +309,9 @@ class Planner:
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
             remat=c.remat, precision=c.precision,
         )  # fmt: skip
-        strategy = c.strategy(self.shape is not None)
-        r = COSTS.get(strategy)(self.m, self.view(c.precision), self.batch, c.mesh.size, opts)
+        strategy = c.strategy(self.shape is not None, self.owners)
+        formula = formula_of(self.owners[strategy])
+        r = formula(self.m, self.view(c.precision), self.batch, c.mesh.size, opts)
         terms = {"compute": r.compute_s, "bubble": r.bubble_s}
         if r.comm_by_axis:
             terms.update({f"comm {a}": e for a, _, e, _ in r.comm_by_axis})

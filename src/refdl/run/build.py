@@ -90,7 +90,7 @@ def build(spec: RunSpec) -> Run:
     shape = model_shape(task, dataset, spec.model)
     checked = plan(spec, spec.strategy, cls.traits, shape, ranks=ranks, owners=declared_traits())
     if spec.batch_schedule is not None:  # every batch of the schedule splits as the first
-        if cls.traits.workers:
+        if cls.traits.replicas:
             raise UsageError(
                 f"--batch-schedule grows the batch of the strategies that step in lockstep; "
                 f"--strategy {spec.strategy}'s workers take their own shares, drop it"

@@ -14,7 +14,7 @@ def print_list() -> None:
     print("strategies (mesh axes; options):")
     for name in STRATEGIES.names():
         t = STRATEGIES.get(name).traits
-        axes = ",".join(t.axes) or ("workers" if t.workers else "one device")
+        axes = ",".join(t.axes) or ("workers" if t.replicas else "one device")
         opts = " ".join(sorted("--" + o.replace("_", "-") for o in t.options)) or "-"
         print(f"  {name:13s} {axes}; {opts}")
     print(f"mesh axes: {', '.join(AXES)} (--mesh AXIS=N,... over a strategy's axes)")

@@ -17,7 +17,9 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -335,3 +337,21 @@ def summary(
     out.update(info.baselines)
     out.update(run.strategy.summary(history))
     return out
+
+
+def record_drawing(
+    summary: dict[str, Any], key: str, draw: Callable[[dict], Any], prog: str
+) -> bool:
+    """A drawing of the run (``--plot-schedule``: the CLI hands ``refdl.plots``' drawing
+    in; the run draws nothing itself) made and named under ``key`` in its
+    ``summary.json``; False, with one line, when it cannot be written."""
+    try:
+        drawn = draw(summary)
+        if drawn:
+            summary[key] = str(drawn)
+            write_json(Path(summary["run_dir"]) / "summary.json", summary)
+    except OSError as e:
+        print(f"{prog}: error: cannot write {e.filename} ({e.strerror or e}); the run's "
+              f"results are in {summary['run_dir']}", file=sys.stderr)  # fmt: skip
+        return False
+    return True

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from refdl.config.files import load_json
+from refdl.config.flags import file_settings
 from refdl.config.mesh import MeshSpec
+from refdl.config.paths import writable_file
 from refdl.config.plan import check_options
 from refdl.config.spec import (
     LAYOUT_KEYS,
@@ -100,7 +102,7 @@ def resharded_settings(
     for name, whose in ((old, "the checkpoint's"), (new, "the new")):
         t = traits_of(name)
         mode = saved.get("ps_mode") if name == old else explicit.get("ps_mode")
-        if t.workers or t.servers or not t.synchronous_with(mode):
+        if t.replicas or t.has_servers or not t.synchronous_with(mode):
             raise UsageError(
                 f"--reshard: {whose} strategy {name} does not hold one state of the whole "
                 "model; resharding moves the state of single, data, fsdp, model, context, "
@@ -166,3 +168,18 @@ def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
         return  # refused with the list of strategies when the run is built
     owners = declared_traits()
     check_options(given, name, owners[name], owners)
+
+
+def run_settings(given: dict[str, Any], config: str | None, prog: str) -> dict[str, Any]:
+    """The settings a run starts with, from the flags ``given`` (and ``--config FILE``):
+    a resumed run's own, the strategy's options checked against the flags, the device
+    count decided (before JAX starts), the plot's file writable before the run."""
+    if config:
+        given = {**file_settings(config), **given}
+    named = set(given)
+    settings = resumed_settings(given) if "resume" in given else given
+    check_given_options(settings, named)
+    settings = choose_devices(settings, prog)
+    if settings.get("plot_schedule") is not None:  # writable before the run, not after
+        writable_file(settings["plot_schedule"], "--plot-schedule", (".png", ".pdf", ".svg"))
+    return settings

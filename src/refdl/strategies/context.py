@@ -42,7 +42,11 @@ class ContextParallel(Strategy):
     """Replicated state, each sequence split on ``context``; attention by ring or all-to-all."""
 
     traits = Traits(
-        axes=(AXIS,), options=frozenset({"mesh", "cp"}), multiprocess="spmd", whole_sequences=False
+        axes=(AXIS,),
+        options=frozenset({"mesh", "cp"}),
+        multiprocess="spmd",
+        whole_sequences=False,
+        cost="context",
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:

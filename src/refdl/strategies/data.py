@@ -35,10 +35,35 @@ from jax.sharding import PartitionSpec as P
 from refdl.comm.allreduce import allreduce_mean, analytic_bytes
 from refdl.comm.compress import SPARSE, make_codec
 from refdl.comm.measure import collective_bytes
-from refdl.config.plan import Traits
+from refdl.config.choices import SPARSE_ALLREDUCE
+from refdl.config.plan import Plan, Traits
+from refdl.config.spec import RunSpec
 from refdl.core.layers import batch_axis, param_count, sfb_mode, sufficient_factors
 from refdl.core.state import TrainState, place
+from refdl.errors import UsageError
 from refdl.strategies.base import Batch, History, Strategy, last, register
+
+
+def check_exchange(spec: RunSpec, plan: Plan) -> None:
+    """The gradient exchange fits the data degree: halving-doubling and the sparse
+    allreduce (top-k pairs by recursive doubling) want a power of two (``sparse-split``
+    takes any), the sparse allreduce a top-k codec, quantized top-k values the sparse
+    allreduce, and sufficient factors no codec."""
+    p = plan.mesh.data
+    if spec.allreduce == "halving-doubling" and p & (p - 1):
+        raise UsageError(f"--allreduce halving-doubling needs a power-of-two data degree, not {p}")
+    if spec.allreduce in SPARSE_ALLREDUCE:
+        if not (spec.compress and spec.compress.topk):
+            raise UsageError(f"--allreduce {spec.allreduce} sums the top-k of each gradient; add "
+                             "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
+        if spec.allreduce == "sparse" and p & (p - 1):
+            raise UsageError(f"--allreduce sparse needs a power-of-two data degree, not {p}; "
+                             "--allreduce sparse-split takes any")  # fmt: skip
+    elif spec.compress and spec.compress.bits != 32:
+        raise UsageError(f"--compress {spec.compress}: q8/q4 values are the sparse allreduce's; "
+                         "add --allreduce sparse")  # fmt: skip
+    if spec.sfb != "off" and spec.compress:
+        raise UsageError(f"--sfb {spec.sfb} sends factors uncompressed; use it without --compress")
 
 
 @register("data")
@@ -49,6 +74,8 @@ class DataParallel(Strategy):
         axes=("data",),
         options=frozenset({"mesh", "allreduce", "compress", "sfb"}),
         multiprocess="spmd",
+        checks=(check_exchange,),
+        cost="data_parallel",
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:

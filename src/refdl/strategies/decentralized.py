@@ -49,10 +49,12 @@ from refdl.comm import topology
 from refdl.comm.compress import make_codec
 from refdl.comm.measure import collective_bytes
 from refdl.config.mesh import MeshSpec
-from refdl.config.plan import Traits
+from refdl.config.plan import Plan, Traits
+from refdl.config.spec import RunSpec
 from refdl.core.layers import param_count
 from refdl.core.state import TrainState, place, to_host
 from refdl.data.order import worker_share
+from refdl.errors import UsageError
 from refdl.parallel.processes import comm, data_comm, launched_rank
 from refdl.strategies.base import Batch, FirstCall, History, Strategy, last, register
 
@@ -154,6 +156,29 @@ OPTIONS = ("topology", "order", "gossip", "simulate", "workers", "straggler",
                   "allreduce", "compress", "consensus_step")  # fmt: skip
 
 
+def check_gossip(spec: RunSpec, plan: Plan) -> None:
+    """Neighbours exchange replicas, so the one ``--allreduce`` is ``sparse`` (CHOCO-SGD's
+    top-k messages), with a top-k codec and a fixed graph."""
+    if spec.allreduce not in ("xla", "sparse"):
+        raise UsageError(f"--allreduce {spec.allreduce}: decentralized averages with its "
+                         "neighbours, not by an allreduce; --allreduce sparse sends them "
+                         "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
+    if spec.allreduce != "sparse":
+        if spec.compress:
+            raise UsageError(f"--compress {spec.compress}: decentralized sends compressed "
+                             "replicas as top-k pairs; add --allreduce sparse")  # fmt: skip
+        if spec.consensus_step is not None:
+            raise UsageError("--consensus-step is CHOCO-SGD's, the compressed gossip; add "
+                             "--allreduce sparse --compress topk:RATIO")  # fmt: skip
+        return
+    if not (spec.compress and spec.compress.topk):
+        raise UsageError("--allreduce sparse sends the top-k of each replica's change; add "
+                         "--compress topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
+    if spec.gossip:
+        raise UsageError("--allreduce sparse keeps each neighbour's public copy over a fixed "
+                         "graph; --gossip changes the graph every step: drop one")  # fmt: skip
+
+
 @register("decentralized")
 class Decentralized(Strategy):
     """Neighbour averaging over a graph; synchronous steps, no central state."""
@@ -161,16 +186,25 @@ class Decentralized(Strategy):
     traits = Traits(
         options=frozenset(OPTIONS),
         multiprocess="mpi",
-        workers=True,
+        replicas=True,
         modes=("spmd", "mpi", "simulate"),
         synchronous=False,
+        checks=(check_gossip,),
+        cost="gossip",
     )
+
+    kind: str = ""  # the executor, as the summary names it
+    rank: int = 0  # this process's replica (under MPI, its rank)
+
+    @classmethod
+    def executor(cls, plan: Plan) -> type[Strategy]:
+        """Replicas on devices (``spmd``), all in one device's vmap (``--simulate``), or
+        one per MPI rank."""
+        return {"spmd": OnDevices, "simulate": Serial, "mpi": OnRanks}[plan.mode]
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
-        self.mode = {"mpi": "mpi", "simulate": "serial", "spmd": "spmd"}[plan.mode]
         self.n = plan.workers
-        self.rank = launched_rank() if self.mode == "mpi" else 0
         self.adj = topology.adjacency(spec.topology, self.n)
         self.w = topology.metropolis(self.adj)
         self.shifts = topology.shifts(self.adj)
@@ -181,13 +215,9 @@ class Decentralized(Strategy):
         if spec.allreduce == "sparse":
             self.sparse = make_codec(spec.compress).sparse(self.n_params, self.n)
             self.gamma = spec.consensus_step or DEFAULT_CONSENSUS_STEP
-        if self.mode == "spmd":
-            self.mesh = MeshSpec(data=self.n).make(devices)
-            self.sharding = NamedSharding(self.mesh, P(AXIS))
-        build = {"spmd": self._spmd_fn, "serial": self._serial_fn, "mpi": self._mpi_fn}[self.mode]
         matchings = range(len(self.matchings)) if spec.gossip else [None]
         # jitted; each compiles on its first call and keeps that call's shapes
-        self._fns = {m: FirstCall(build(m)) for m in matchings}
+        self._fns = {m: FirstCall(self.step_fn(m)) for m in matchings}
 
     # ----- state: replicas stacked on a leading axis (one per rank under MPI) -----
 
@@ -197,22 +227,6 @@ class Decentralized(Strategy):
             flat = np.asarray(ravel_pytree(state.params)[0], np.float32)
             state = state.replace(extras={"public": flat, "mixed": flat.copy()})
         return stack(state, self.n)
-
-    def place_state(self, host_state: TrainState) -> TrainState:
-        if self.mode == "mpi":
-            return jax.device_put(jax.tree.map(lambda x: x[self.rank], host_state))
-        if self.mode == "serial":
-            return jax.device_put(host_state, self.devices[0])
-        return place(host_state, self.sharding)
-
-    def gather_state(self, state: TrainState) -> TrainState:
-        if self.mode != "mpi":
-            return to_host(state)
-        local = to_host(state)
-        parts = comm().gather(local, root=0)
-        if self.rank != 0:
-            return stack(local, self.n)  # not used: only rank 0 writes and evaluates
-        return jax.tree.map(lambda *xs: np.stack(xs), *parts)
 
     def eval_state(self, host_state: TrainState) -> TrainState:
         return replica_mean(host_state)
@@ -285,55 +299,21 @@ class Decentralized(Strategy):
             extras={"public": public, "mixed": mixed},
         )
 
-    def _spmd_fn(self, matching: int | None):
-        """shard_map step: each device one replica, ``ppermute`` between devices."""
+    def step_fn(self, matching: int | None) -> Any:
+        """The jitted step of every replica this process holds (the executor's)."""
+        raise NotImplementedError
 
-        def local(state, batch):
-            state = jax.tree.map(lambda x: x[0], state)
-            new, loss = self._step_with(Collective(self.n), state, batch, matching)
-            return jax.tree.map(lambda x: x[None], new), loss[None]
-
-        spec = P(AXIS)
-        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(spec, spec), out_specs=(spec, spec))
-        return self.jit(fn, donate_argnums=0)
-
-    def _serial_fn(self, matching: int | None):
-        """Every replica on one device: the same replica step under ``jax.vmap`` over the
-        replica axis (``ppermute`` works under vmap, on whole permutations)."""
-        n = self.n
-
-        def step(state, batch):
-            shares = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), batch)
-            one = functools.partial(self._step_with, Collective(n, whole=True), matching=matching)
-            return jax.vmap(one, axis_name=AXIS)(state, shares)
-
-        return self.jit(step, donate_argnums=0)
-
-    def _mpi_fn(self, matching: int | None):
-        """One rank's step: its replica, mpi4jax messages with its neighbours inside jit."""
-        import mpi4jax  # only under mpirun: mpi4py starts MPI when imported
-
-        comm = data_comm()
-
-        def step(state, batch):
-            new, loss = self._step_with(Messages(comm, self.rank), state, batch, matching)
-            return new, mpi4jax.allreduce(loss, op=_mpi_sum(), comm=comm) / self.n
-
-        return self.jit(step, donate_argnums=0)
+    def feed(self, batch: Batch) -> Any:
+        """The global batch as this executor's step takes it."""
+        return batch
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         step = int(np.asarray(jax.device_get(state.step)).reshape(-1)[0])
         matching = None
         if self.spec.gossip:
             matching = topology.gossip_matching(self.spec.seed, step, len(self.matchings))
-        if self.mode == "mpi":
-            if self.straggler and self.straggler.rank == self.rank:
-                time.sleep(self.straggler.seconds)
-            batch = worker_share(batch, self.rank, self.n)
-        elif self.mode == "spmd":
-            batch = jax.device_put(batch, self.sharding)
-        state, loss = self._fns[matching](state, batch)
-        if self.serialize_steps or self.mode == "mpi":
+        state, loss = self._fns[matching](state, self.feed(batch))
+        if self.serialize_steps:
             jax.block_until_ready(state)  # simulated devices; MPI ranks wait in their messages
         return state, {"loss": loss, "comm_bytes": self._comm_bytes(matching)}
 
@@ -353,29 +333,19 @@ class Decentralized(Strategy):
         return 4 * self.n_params * messages
 
     def _wire_bytes(self) -> int | None:
-        """Bytes the compiled step's ``ppermute``s move (devices only; one program)."""
-        steps = self.compiled_steps() if self.mode == "spmd" and not self.spec.gossip else []
-        return collective_bytes(steps[0].as_text(), self.n).get("total", 0) if steps else None
+        """Bytes the compiled step's collectives move (where one program holds them all)."""
+        return None
 
     # ----- metrics and summary -----
 
     def extra_metrics(self, state: TrainState) -> dict[str, Any]:
         """``consensus_distance``: (1/n) sum_i ||x_i - x_bar||^2 over all parameters."""
-        if self.mode == "mpi":
-            flat = np.asarray(ravel_pytree(to_host(state.params))[0], np.float64)
-            world = comm()
-            total = np.zeros_like(flat)
-            world.Allreduce(flat, total)
-            mine = float(np.sum((flat - total / self.n) ** 2))
-            value = world.allreduce(mine) / self.n
-        else:
-            value = float(_consensus(state.params))
-        return {"consensus_distance": value}
+        return {"consensus_distance": float(_consensus(state.params))}
 
     def summary(self, history: History) -> dict[str, Any]:
         out = {
             "workers": self.n,
-            "executor": self.mode,
+            "executor": self.kind,
             "topology": self.spec.topology,
             "order": self.spec.order,
             "gossip": self.spec.gossip,
@@ -398,6 +368,107 @@ class Decentralized(Strategy):
                 "dense_bytes": 4 * self.n_params,
             }  # fmt: skip
         return out
+
+
+class OnDevices(Decentralized):
+    """Each device one replica under ``shard_map``, ``ppermute`` between devices."""
+
+    kind = "spmd"
+
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        self.mesh = MeshSpec(data=plan.workers).make(devices)
+        self.sharding = NamedSharding(self.mesh, P(AXIS))
+        super().__init__(task, spec, plan, devices, batches)
+
+    def step_fn(self, matching: int | None) -> Any:
+        def local(state, batch):
+            state = jax.tree.map(lambda x: x[0], state)
+            new, loss = self._step_with(Collective(self.n), state, batch, matching)
+            return jax.tree.map(lambda x: x[None], new), loss[None]
+
+        spec = P(AXIS)
+        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(spec, spec), out_specs=(spec, spec))
+        return self.jit(fn, donate_argnums=0)
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        return place(host_state, self.sharding)
+
+    def feed(self, batch: Batch) -> Any:
+        return jax.device_put(batch, self.sharding)
+
+    def _wire_bytes(self) -> int | None:
+        """Bytes the compiled step's ``ppermute``s move (one program, without gossip)."""
+        steps = [] if self.spec.gossip else self.compiled_steps()
+        return collective_bytes(steps[0].as_text(), self.n).get("total", 0) if steps else None
+
+
+class Serial(Decentralized):
+    """Every replica on one device (``--simulate``): the same replica step under
+    ``jax.vmap`` over the replica axis (``ppermute`` works under vmap, on whole
+    permutations)."""
+
+    kind = "serial"
+
+    def step_fn(self, matching: int | None) -> Any:
+        n = self.n
+
+        def step(state, batch):
+            shares = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), batch)
+            one = functools.partial(self._step_with, Collective(n, whole=True), matching=matching)
+            return jax.vmap(one, axis_name=AXIS)(state, shares)
+
+        return self.jit(step, donate_argnums=0)
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        return jax.device_put(host_state, self.devices[0])
+
+
+class OnRanks(Decentralized):
+    """One replica per MPI rank: mpi4jax messages with its neighbours inside jit."""
+
+    kind = "mpi"
+
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        self.rank = launched_rank()
+        super().__init__(task, spec, plan, devices, batches)
+
+    def step_fn(self, matching: int | None) -> Any:
+        import mpi4jax  # only under mpirun: mpi4py starts MPI when imported
+
+        comm = data_comm()
+
+        def step(state, batch):
+            new, loss = self._step_with(Messages(comm, self.rank), state, batch, matching)
+            return new, mpi4jax.allreduce(loss, op=_mpi_sum(), comm=comm) / self.n
+
+        return self.jit(step, donate_argnums=0)
+
+    @property
+    def serialize_steps(self) -> bool:
+        return True  # a rank waits in its messages
+
+    def place_state(self, host_state: TrainState) -> TrainState:
+        return jax.device_put(jax.tree.map(lambda x: x[self.rank], host_state))
+
+    def gather_state(self, state: TrainState) -> TrainState:
+        local = to_host(state)
+        parts = comm().gather(local, root=0)
+        if self.rank != 0:
+            return stack(local, self.n)  # not used: only rank 0 writes and evaluates
+        return jax.tree.map(lambda *xs: np.stack(xs), *parts)
+
+    def feed(self, batch: Batch) -> Any:
+        if self.straggler and self.straggler.rank == self.rank:
+            time.sleep(self.straggler.seconds)
+        return worker_share(batch, self.rank, self.n)
+
+    def extra_metrics(self, state: TrainState) -> dict[str, Any]:
+        flat = np.asarray(ravel_pytree(to_host(state.params))[0], np.float64)
+        world = comm()
+        total = np.zeros_like(flat)
+        world.Allreduce(flat, total)
+        mine = float(np.sum((flat - total / self.n) ** 2))
+        return {"consensus_distance": world.allreduce(mine) / self.n}
 
 
 @jax.jit

@@ -55,7 +55,13 @@ AXIS = "data"
 class FSDP(Strategy):
     """ZeRO stage 1, 2 or 3 over every device on ``data``."""
 
-    traits = Traits(axes=("data",), options=frozenset({"mesh", "zero"}), multiprocess="spmd")
+    traits = Traits(
+        axes=("data",),
+        options=frozenset({"mesh", "zero"}),
+        multiprocess="spmd",
+        shards_params=True,
+        cost="zero",
+    )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)

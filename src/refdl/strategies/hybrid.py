@@ -65,6 +65,7 @@ class Hybrid(Strategy):
         ),
         multiprocess="spmd",
         fills_host=True,
+        cost="mesh",
     )
 
     @classmethod

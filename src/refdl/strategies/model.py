@@ -20,5 +20,8 @@ class ModelParallel(Hybrid):
     """All devices on the ``model`` axis (``--mesh`` defaults to ``model=<devices>``)."""
 
     traits = Traits(
-        axes=("model",), options=frozenset({"mesh", "sequence_parallel"}), multiprocess="spmd"
+        axes=("model",),
+        options=frozenset({"mesh", "sequence_parallel"}),
+        multiprocess="spmd",
+        cost="tensor",
     )

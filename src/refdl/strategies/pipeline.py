@@ -87,6 +87,7 @@ class Pipeline(Strategy):
         axes=("pipe",),
         options=frozenset({"stages", "schedule", "chunks", "stage_boundaries", "plot_schedule"}),
         pipeline=True,
+        cost="pipeline",
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:

@@ -17,7 +17,7 @@ from refdl.strategies.base import Batch, History, Strategy, register
 class Single(Strategy):
     """``Task.step`` jitted on one device; no communication."""
 
-    traits = Traits()
+    traits = Traits(cost="one_device")
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)

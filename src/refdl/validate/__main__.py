@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 def by_outcome(args: argparse.Namespace) -> bool:
     """Whether the comparison is by outcome: an asynchronous parameter server."""
     traits = traits_of(args.strategy)
-    return "ps_mode" in traits.options and not traits.synchronous_with(args.ps_mode)
+    return bool(traits.synchronous_modes) and not traits.synchronous_with(args.ps_mode)
 
 
 # Each option's declared value type (refdl.config.values), checked before any work.

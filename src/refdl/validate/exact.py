@@ -229,24 +229,24 @@ def check_coverage(args: Request) -> None:
         adapter.check_twin(twin, args.model, mesh, args.plant_bug)
         if twin == "data" and args.torch_batchnorm == "native":
             raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
-        if args.workers is not None and not traits.workers:
+        if args.workers is not None and not traits.replicas:
             raise UsageError("--workers is for --strategy ps, decentralized and TensorFlow's "
                              "multi-worker data; PyTorch's DDP ranks are --devices")  # fmt: skip
     else:
         process.require(fw)
         if args.plant_bug:
             raise UsageError("--plant-bug plants bugs in PyTorch's twins; use --framework torch")
-    if traits.servers and args.ps_mode == "sync" and fw == "tensorflow":
+    if traits.has_servers and args.ps_mode == "sync" and fw == "tensorflow":
         raise UsageError("TensorFlow's ParameterServerStrategy trains asynchronously: use "
                          "--ps-mode async, or --framework mxnet for dist_sync")  # fmt: skip
-    if "ps_mode" not in traits.options and args.ps_mode != "sync":
+    if not traits.synchronous_modes and args.ps_mode != "sync":
         raise UsageError(f"--ps-mode {args.ps_mode} is for --strategy ps")
-    if traits.workers and args.devices is not None:
+    if traits.replicas and args.devices is not None:
         raise UsageError(f"--strategy {args.strategy} runs --workers processes; drop --devices")
     if twin == "data" and args.workers is not None and args.devices is not None:
         raise UsageError(f"--strategy {args.strategy} takes --devices (in one process) or "
                          "--workers (processes), not both")  # fmt: skip
-    if not traits.axes and not traits.workers and (args.devices or 1) != 1:
+    if not traits.axes and not traits.replicas and (args.devices or 1) != 1:
         raise UsageError(f"--strategy {args.strategy} runs on 1 device; drop --devices")
 
 
@@ -261,9 +261,9 @@ def sync_spec(args: Request, devices: int, workers: int) -> RunSpec:
     if "schedule" in traits.options:
         kw["schedule"] = args.schedule
     kw.update(args.spec_options())
-    if traits.workers:
+    if traits.replicas:
         kw.update(simulate=True, workers=workers)
-        if "ps_mode" in traits.options:
+        if traits.synchronous_modes:  # the synchronous one of its consistency modes
             kw["ps_mode"] = "sync"
     else:
         kw["devices"] = devices * workers
@@ -277,16 +277,16 @@ def validate(args: Request) -> dict[str, Any]:
     check_coverage(args)
     fw = args.framework
     traits = traits_of(args.strategy)
-    workers = args.workers or (2 if traits.workers else 1)
-    one = traits.workers or not traits.axes or args.workers  # one device per process
-    devices = 1 if traits.workers else args.devices or (1 if one else 2)
+    workers = args.workers or (2 if traits.replicas else 1)
+    one = traits.replicas or not traits.axes or args.workers  # one device per process
+    devices = 1 if traits.replicas else args.devices or (1 if one else 2)
     phase(f"refdl.validate: refdl's {args.strategy} run of {args.model}, {args.steps} steps")
     ref = reference_run(sync_spec(args, devices, workers), plain_layers=fw != "torch")
     phase(f"refdl.validate: {fw}'s run of the same steps (its own processes; up to a few "
           "minutes for tensorflow and mxnet)")  # fmt: skip
     if fw == "torch":
         other = torch_run(
-            ref, args.strategy, workers if traits.workers else devices, args.perturb, args.timeout,
+            ref, args.strategy, workers if traits.replicas else devices, args.perturb, args.timeout,
             args.torch_batchnorm == "native", args.plant_bug,
         )  # fmt: skip
     else:
@@ -318,7 +318,7 @@ def validate(args: Request) -> dict[str, Any]:
         "framework_impl": other.impl,
         "comparison": "exact",
         "strategy": args.strategy,
-        "ps_mode": "sync" if "ps_mode" in traits.options else None,
+        "ps_mode": "sync" if traits.synchronous_modes else None,
         "model": args.model,
         "dataset": s.dataset,
         "devices": devices,

@@ -34,7 +34,7 @@ from refdl.config.spec import RunSpec
 from refdl.data import DATASETS
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions
-from refdl.predict import predict_steps
+from refdl.perf.prediction import predict_steps
 from refdl.strategies import traits_of
 from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
@@ -199,9 +199,11 @@ def _throughput(
     strategy = config.get("strategy", "single")
     splits_batch = traits_of(strategy).axes == ("data",)
     opts = PredictOptions(microbatches=spec.microbatches or 1, schedule=spec.schedule)
+    name = strategy if splits_batch else "single"
     pred = predict_steps(
         hw_name,
-        strategy if splits_batch else "single",
+        name,
+        traits_of(name),
         spec.model,
         spec.batch_size,
         [devices],

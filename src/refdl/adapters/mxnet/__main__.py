@@ -26,15 +26,17 @@ def main(argv: list[str]) -> int:
     from refdl.adapters.mxnet import runners
 
     job, params, batches = read_job(folder)
-    if job["strategy"] == "single":
-        write_result(folder, *runners.train_local(job, params, batches, [mx.cpu()], None))
-    elif job["strategy"] == "data":
-        contexts = [mx.cpu(i) for i in range(job["devices"])]
-        write_result(folder, *runners.train_local(job, params, batches, contexts, "local"))
-    elif job["strategy"] == "ps":
-        runners.train_dist(folder, job)
-    else:
+    twins = {  # refdl's twin (the job's "strategy") -> MXNet's run of it
+        "single": lambda: write_result(
+            folder, *runners.train_local(job, params, batches, [mx.cpu()], None)
+        ),
+        "data": lambda: write_result(folder, *runners.train_local(
+            job, params, batches, [mx.cpu(i) for i in range(job["devices"])], "local")),
+        "ps": lambda: runners.train_dist(folder, job),
+    }  # fmt: skip
+    if job["strategy"] not in twins:
         raise ValueError(f"no MXNet runner for strategy {job['strategy']!r}")
+    twins[job["strategy"]]()
     return 0
 
 

@@ -29,16 +29,17 @@ def main(argv: list[str]) -> int:
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(job["threads"])
-    if job["strategy"] == "single":
-        write_result(folder, *runners.train_single(job, params, batches))
-    elif job["strategy"] == "data" and job["workers"] > 1:
-        runners.train_multiworker(folder, job)
-    elif job["strategy"] == "data":
-        write_result(folder, *runners.train_mirrored(job, params, batches))
-    elif job["strategy"] == "ps":
-        write_result(folder, *runners.train_ps(folder, job, params, batches))
-    else:
+    twins = {  # refdl's twin (the job's "strategy") -> TensorFlow's run of it
+        "single": lambda: write_result(folder, *runners.train_single(job, params, batches)),
+        "data": lambda: (
+            runners.train_multiworker(folder, job) if job["workers"] > 1
+            else write_result(folder, *runners.train_mirrored(job, params, batches))
+        ),
+        "ps": lambda: write_result(folder, *runners.train_ps(folder, job, params, batches)),
+    }  # fmt: skip
+    if job["strategy"] not in twins:
         raise ValueError(f"no TensorFlow runner for strategy {job['strategy']!r}")
+    twins[job["strategy"]]()
     return 0
 
 

@@ -48,11 +48,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdl.config.plan import Traits
+from refdl.config.plan import Plan, Traits
+from refdl.config.spec import RunSpec
 from refdl.core.layers import param_count
 from refdl.core.optim import make_optimizer_for
 from refdl.core.state import TrainState, to_host
 from refdl.data.order import worker_share
+from refdl.errors import UsageError
 from refdl.parallel.processes import data_comm, launched_rank
 from refdl.strategies.base import Batch, History, Strategy, abstract, register
 from refdl.strategies.ps.simulate import Simulator
@@ -65,6 +67,21 @@ from refdl.strategies.ps.ssp import (
 )
 
 
+def check_consistency(spec: RunSpec, plan: Plan) -> None:
+    """A trace replays an inconsistent run; softsync has one server and equal updates."""
+    if spec.ps_trace and spec.ps_mode in ("sync", "hierarchical"):
+        raise UsageError("--ps-trace replays an async, ssp or softsync run; add --ps-mode "
+                         "async|ssp|softsync")  # fmt: skip
+    if spec.ps_mode == "softsync":
+        n = spec.softsync_n or 1
+        if plan.servers != 1:
+            raise UsageError("--ps-mode softsync has one server (its order is the one the "
+                             "replay needs); drop --servers")  # fmt: skip
+        if plan.workers % n:
+            raise UsageError(f"--softsync-n {n}: the {plan.workers} workers do not split into "
+                             f"{n} equal updates; use a divisor of {plan.workers}")  # fmt: skip
+
+
 @register("ps")
 class ParameterServer(Strategy):
     """Servers hold the parameters and the optimizer; workers push gradients, pull parameters."""
@@ -75,19 +92,29 @@ class ParameterServer(Strategy):
             | {"straggler", "softsync_n"}
         ),
         multiprocess="mpi",
-        workers=True,
+        replicas=True,
         modes=("mpi", "simulate"),
-        servers=True,
+        has_servers=True,
         straggler_modes=("mpi", "simulate"),
         batch_stats=False,
+        synchronous_modes=("sync", "hierarchical"),
+        checks=(check_consistency,),
+        cost="parameter_server",
     )
+
+    kind: str = ""  # the executor, as the summary names it
+    rank: int = 0  # under mpirun, this process's rank
+
+    @classmethod
+    def executor(cls, plan: Plan) -> type[Strategy]:
+        """Every worker and server in this process (``--simulate``), or one per MPI rank."""
+        return {"simulate": Simulated, "mpi": OnRanks}[plan.mode]
 
     def __init__(self, task, spec, plan, devices, batches) -> None:
         super().__init__(task, spec, plan, devices, batches)
-        self.k, self.w, self.mode = plan.servers, plan.workers, plan.mode
+        self.k, self.w = plan.servers, plan.workers
         self.g = plan.groups  # aggregator ranks k..k+g-1 (hierarchical), else 0
-        self.synchronous = spec.ps_mode in ("sync", "hierarchical")
-        self.rank = launched_rank() if self.mode == "mpi" else 0
+        self.synchronous = self.traits.synchronous_with(spec.ps_mode)
         self.straggler = spec.straggler
         self.bound = 0 if self.synchronous else spec.staleness
         if spec.ps_mode in ("async", "softsync"):
@@ -103,18 +130,11 @@ class ParameterServer(Strategy):
         self.update = self.jit(self.update_shard)
         self.accumulate = self.jit(self.accumulate_shard)
         self.grads = self.jit(self.worker_grads)
-        self.executor = self._executor()
+        self.role = self.make_role()
 
-    def _executor(self) -> Any:
-        """The simulator, or this rank's server or worker (mpi4py starts MPI on import, so
-        the MPI executor is imported only under mpirun)."""
-        if self.mode == "simulate":
-            return Simulator(self)
-        from refdl.strategies.ps import mpi
-
-        if self.rank < self.k:
-            return mpi.Server(self)
-        return mpi.Aggregator(self) if self.rank < self.k + self.g else mpi.Worker(self)
+    def make_role(self) -> Any:
+        """What this process plays: the simulator, or a rank's server, aggregator or worker."""
+        raise NotImplementedError
 
     def children(self) -> list[int]:
         """The ranks a server hears from: the aggregators, or every worker."""
@@ -130,14 +150,6 @@ class ParameterServer(Strategy):
     def parent(self, worker: int, server: int) -> int:
         """The rank worker ``worker`` exchanges server ``server``'s shard with."""
         return self.k + worker // (self.w // self.g) if self.g else server
-
-    @property
-    def drives_loop(self) -> bool:
-        return self.mode == "simulate" or self.rank == 0
-
-    @property
-    def lockstep(self) -> bool:
-        return self.mode == "simulate"  # under mpirun only server 0 runs the loop
 
     def host_template(self, seed: int) -> TrainState:
         s = to_host(self.task.init_state(seed))
@@ -185,54 +197,14 @@ class ParameterServer(Strategy):
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
         t0 = time.perf_counter()
-        if self.mode == "simulate":
-            state, metrics = self.executor.step(state)
-        else:
-            state, metrics = self._server_round(state)
+        state, metrics = self.round(state)
         jax.block_until_ready(state)
         return state, {**metrics, "comm_bytes": self._comm_bytes(),
                        "ps_step_s": time.perf_counter() - t0}  # fmt: skip
 
-    def _server_round(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
-        srv = self.executor
-        if srv.state is None:
-            srv.start(state)
-        losses = srv.pump(srv.applied + self.w)
-        new = state.replace(
-            step=state.step + 1,
-            params=self.layout.join([srv.leaves, *self.layout.split(state.params)[1:]]),
-            opt_state=(srv.opt, *state.opt_state[1:]),
-        )
-        return new, {"loss": float(np.mean(losses))}
-
-    def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
-        if self.rank < self.k:
-            self.executor.start(state)
-            self.executor.serve_forever(watchdog)
-        else:
-            self.executor.run(state, start, watchdog)
-
-    def gather_state(self, state: TrainState) -> TrainState:
-        """Server 0 asks servers 1..K-1 for their shards (and optimizer states)."""
-        if self.mode == "simulate" or self.k == 1:
-            return to_host(state)
-        from refdl.strategies.ps.mpi import GATHER
-
-        host = to_host(state)
-        groups = self.layout.split(host.params)
-        opt = list(host.opt_state)
-        world = data_comm()
-        for s in range(1, self.k):
-            world.send(None, dest=s, tag=GATHER)
-            groups[s], opt[s] = world.recv(source=s, tag=GATHER)
-        return host.replace(params=self.layout.join(groups), opt_state=tuple(opt))
-
-    def finish(self) -> None:
-        if self.mode == "mpi" and self.rank == 0:
-            from refdl.strategies.ps.mpi import STOP
-
-            for s in range(1, self.k):
-                data_comm().send(None, dest=s, tag=STOP)
+    def round(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        """One loop step: W gradients applied (by the executor's servers)."""
+        raise NotImplementedError
 
     # ----- reporting -----
 
@@ -242,13 +214,13 @@ class ParameterServer(Strategy):
         return (self.w + self.g) * (8 * self.n_params + 4 * TRAILER * self.k)
 
     def summary(self, history: History) -> dict[str, Any]:
-        trace = self.executor.trace if self.drives_loop else []
-        start = getattr(self.executor, "start_step", 0) or 0
+        trace = self.role.trace if self.drives_loop else []
+        start = getattr(self.role, "start_step", 0) or 0
         out: dict[str, Any] = {
             "ps_mode": self.spec.ps_mode,
             "servers": self.k,
             "workers": self.w,
-            "executor": self.mode,
+            "executor": self.kind,
             "staleness_bound": self.spec.staleness,
             "server_param_bytes": [4 * n for n in self.layout.group_sizes],
             "ps_groups": self.g,
@@ -274,3 +246,83 @@ class ParameterServer(Strategy):
             steps = len(history.get("ps_step_s") or [])
             out.update(staleness_histogram={"0": self.w * steps}, staleness_max=0)
         return out
+
+
+class Simulated(ParameterServer):
+    """Every worker and server in this process, in the order a timing model (or a recorded
+    trace) gives (``refdl.strategies.ps.simulate``)."""
+
+    kind = "simulate"
+
+    def make_role(self) -> Any:
+        return Simulator(self)
+
+    def round(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        return self.role.step(state)
+
+
+class OnRanks(ParameterServer):
+    """Servers, aggregators and workers are MPI ranks (``refdl.strategies.ps.mpi``); only
+    server 0 runs the loop, the other ranks ``serve``."""
+
+    kind = "mpi"
+
+    def __init__(self, task, spec, plan, devices, batches) -> None:
+        self.rank = launched_rank()
+        super().__init__(task, spec, plan, devices, batches)
+
+    def make_role(self) -> Any:
+        from refdl.strategies.ps import mpi  # mpi4py starts MPI when imported
+
+        if self.rank < self.k:
+            return mpi.Server(self)
+        return mpi.Aggregator(self) if self.rank < self.k + self.g else mpi.Worker(self)
+
+    @property
+    def drives_loop(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def lockstep(self) -> bool:
+        return False  # only server 0 runs the loop
+
+    def round(self, state: TrainState) -> tuple[TrainState, dict[str, Any]]:
+        srv = self.role
+        if srv.state is None:
+            srv.start(state)
+        losses = srv.pump(srv.applied + self.w)
+        new = state.replace(
+            step=state.step + 1,
+            params=self.layout.join([srv.leaves, *self.layout.split(state.params)[1:]]),
+            opt_state=(srv.opt, *state.opt_state[1:]),
+        )
+        return new, {"loss": float(np.mean(losses))}
+
+    def serve(self, state: TrainState, start: int, watchdog: Any = None) -> None:
+        if self.rank < self.k:
+            self.role.start(state)
+            self.role.serve_forever(watchdog)
+        else:
+            self.role.run(state, start, watchdog)
+
+    def gather_state(self, state: TrainState) -> TrainState:
+        """Server 0 asks servers 1..K-1 for their shards (and optimizer states)."""
+        if self.k == 1:
+            return to_host(state)
+        from refdl.strategies.ps.mpi import GATHER
+
+        host = to_host(state)
+        groups = self.layout.split(host.params)
+        opt = list(host.opt_state)
+        world = data_comm()
+        for s in range(1, self.k):
+            world.send(None, dest=s, tag=GATHER)
+            groups[s], opt[s] = world.recv(source=s, tag=GATHER)
+        return host.replace(params=self.layout.join(groups), opt_state=tuple(opt))
+
+    def finish(self) -> None:
+        if self.rank == 0:
+            from refdl.strategies.ps.mpi import STOP
+
+            for s in range(1, self.k):
+                data_comm().send(None, dest=s, tag=STOP)

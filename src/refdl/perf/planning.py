@@ -1,0 +1,142 @@
+"""The planner's entry (``refdl plan``'s library half): settings in, the priced search out.
+
+``plan_configurations`` checks its typed settings, prices every configuration the
+model allows (``refdl.perf.search.Planner``) and returns the record ``refdl plan
+--json`` prints with the search itself. The strategies' traits come in as a
+parameter (``strategies``): the performance model never imports the strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from refdl import hw
+from refdl.config.plan import Traits
+from refdl.config.values import Int
+from refdl.errors import UsageError
+from refdl.perf import OPTIMIZER_WORDS
+
+MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
+
+
+def model_of(name: str, seq_len: int | None) -> Any:
+    """The model's cost (``refdl.perf.model_cost``), at ``seq_len`` tokens a sequence."""
+    from refdl.perf.model_cost import model_cost, transformer_cost
+    from refdl.perf.zoo import TRANSFORMERS
+
+    if seq_len is None:
+        return model_cost(name)
+    if problem := Int(min=1, max=1 << 24).problem(seq_len):
+        raise UsageError(f"--seq-len must be {problem}")
+    if name in TRANSFORMERS.names():
+        shape = dataclasses.replace(TRANSFORMERS.get(name).shape, seq=seq_len)
+        return transformer_cost(name, shape)
+    if model_cost(name).transformer is None:
+        raise UsageError(f"--seq-len is for transformers; --model {name} is not one")
+    return model_cost(name, (("seq_len", str(seq_len)),))
+
+
+def default_optimizer(name: str) -> str:
+    """A refdl model's own optimizer (its recipe's), Adam for a shape-only model."""
+    from refdl.models import MODELS
+
+    if name in MODELS.names():
+        return str(MODELS.get(name).defaults.get("optimizer", "adam"))
+    return "adam"
+
+
+def row(p: Any, transformer: bool, strategies: Mapping[str, Traits]) -> dict[str, Any]:
+    """One configuration as ``refdl plan --json`` gives it."""
+    c = p.config
+    total = sum(p.terms.values())
+    runs = c.runnable(transformer)
+    return {
+        "mesh": c.mesh.as_dict(),
+        "strategy": c.strategy(transformer, strategies),
+        "zero": c.zero,
+        "microbatches": c.microbatches,
+        "schedule": c.schedule if c.mesh.pipe > 1 else None,
+        "chunks": c.chunks,
+        "remat": c.remat,
+        "precision": c.precision,
+        "sequence_parallel": c.sequence_parallel,
+        "cp": c.cp if c.mesh.context > 1 else None,
+        "step_time_s": p.step_time_s,
+        "step_time_low_s": p.low_s,
+        "step_time_high_s": p.high_s,
+        "memory_bytes_per_device": p.memory_bytes,
+        "dominant_term": p.dominant,
+        "dominant_share": p.terms[p.dominant] / total if total else None,
+        "terms_s": p.terms,
+        "train_flags": c.train_flags(transformer, strategies) if runs else None,
+        "description": c.describe(),
+    }
+
+
+def plan_configurations(
+    hw_name: str,
+    model: str,
+    devices: int,
+    batch_size: int,
+    *,
+    strategies: Mapping[str, Traits],
+    seq_len: int | None = None,
+    memory_limit: float | None = None,
+    top: int = 5,
+    precisions: tuple[str, ...] | None = None,
+    optimizer: str | None = None,
+    library: str | None = None,
+    runnable_only: bool = False,
+) -> tuple[dict[str, Any], Any]:
+    """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
+    ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
+    ``memory_limit``: bytes per device (default: the device's); ``runnable_only``: only
+    what ``refdl train`` runs."""
+    from refdl.perf.search import Planner, why_first
+
+    bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
+              ("--top", top, 1 << 20))  # fmt: skip
+    for flag, value, most in bounds:
+        if problem := Int(min=1, max=most).problem(value):
+            raise UsageError(f"{flag} must be {problem}")
+    optimizer = optimizer or default_optimizer(model)
+    if optimizer not in OPTIMIZER_WORDS:
+        raise UsageError(f"unknown --optimizer {optimizer!r}; choose {', '.join(OPTIMIZER_WORDS)}")
+    if bad := [x for x in precisions or () if x not in ("fp32", "bf16")]:
+        raise UsageError(f"--precision {','.join(bad)}: choose fp32 or bf16")
+    profile = hw.load(hw_name)
+    device = profile.need_device()
+    for p in precisions or ():
+        profile.dtype_for(p)  # one line where the device has no such precision
+    limit = memory_limit if memory_limit is not None else device.memory_bytes
+    cost = model_of(model, seq_len)
+    t0 = time.perf_counter()
+    planner = Planner(
+        cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
+        optimizer_words=OPTIMIZER_WORDS[optimizer], library=library,
+        runnable_only=runnable_only, strategies=strategies,
+    )  # fmt: skip
+    result = planner.search(top)
+    seconds = time.perf_counter() - t0
+    transformer = cost.transformer is not None
+    record = {
+        "hw": profile.name,
+        "model": model,
+        "optimizer": optimizer,
+        "params": cost.params,
+        "devices": devices,
+        "global_batch": batch_size,
+        "seq_len": cost.transformer.seq if transformer else None,
+        "memory_limit_bytes": limit,
+        "priced": result.priced,
+        "meshes": result.meshes,
+        "did_not_fit": result.too_big,
+        "seconds": seconds,
+        "configurations": [row(p, transformer, strategies) for p in result.found],
+    }
+    if len(result.found) > 1:
+        record["why_first"] = why_first(result.found[0], result.found[1])
+    return record, result
