@@ -39,7 +39,7 @@ _PUBLIC = {
     "assert_equivalent": "refdl.testing",
     "compare": "refdl.core.compare",
     "register_shape_model": "refdl.perf.zoo",
-    "predict_steps": "refdl.predict",
+    "predict_steps": "refdl.named",
     "UsageError": "refdl.errors",
 }
 _ALIASES = {"register_model": "register", "register_strategy": "register"}
