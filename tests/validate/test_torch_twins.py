@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch", reason="PyTorch not installed (bash scripts
 
 from refdl.validate import __main__ as VM  # noqa: E402
 from refdl.validate import exact as V  # noqa: E402
+from refdl.validate.request import Request  # noqa: E402
 
 # (validate's flags, the PyTorch API it must name in framework_impl)
 TWINS = {
@@ -52,7 +53,8 @@ DEFAULT = {("model", "fp64")}  # the cheapest twin (2 processes, mlp, 3 steps)
 
 def validate(flags: list[str]) -> dict:
     """refdl validate in this process (8 simulated devices: tests/conftest.py)."""
-    return V.validate(VM.build_parser().parse_args(["--framework", "torch", *flags]))
+    args = VM.build_parser().parse_args(["--framework", "torch", *flags])
+    return V.validate(Request.of(vars(args)))
 
 
 @pytest.mark.parametrize(

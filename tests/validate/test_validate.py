@@ -18,6 +18,7 @@ from conftest import ROOT
 from refdl.bench import metrics as M
 from refdl.bench import recipes as R
 from refdl.errors import UsageError
+from refdl.validate.request import Request
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed (bash scripts/setup.sh does)")
 
@@ -28,7 +29,9 @@ from refdl.validate import exact as V  # noqa: E402
 
 
 def _args(**kw):
-    return VM.build_parser().parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+    """The Request refdl validate makes of these flags (the library takes no Namespace)."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+    return Request.of(vars(VM.build_parser().parse_args(flags)))
 
 
 def run_module(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -63,6 +63,13 @@ def run_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from refdl.config.spec import command_line
+
+    with command_line():  # a refused setting is named by its flag
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\ncommands: " + ", ".join(COMMANDS)

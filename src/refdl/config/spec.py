@@ -9,11 +9,14 @@ the strategy's declared traits, the model and the devices by ``refdl.config.plan
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from refdl.config.batches import BatchSchedule
@@ -67,6 +70,21 @@ RUN_CONTROL_KEYS = (
 # layout on resuming): taken from the command line only, never from a checkpoint, a recipe
 # or any other file.
 OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule", "reshard")
+
+
+# Whether a spec being made came from flags or a file (``from_dict``): its refusals then
+# name flags; a library caller's ``RunSpec(...)`` is told its arguments (``as_arguments``).
+FLAG_WORDS: contextvars.ContextVar[bool] = contextvars.ContextVar("flag_words", default=False)
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """While a command line is served, the specs made name flags when refused."""
+    token = FLAG_WORDS.set(True)
+    try:
+        yield
+    finally:
+        FLAG_WORDS.reset(token)
 
 
 def option(
@@ -316,10 +334,15 @@ class RunSpec:
     def __post_init__(self) -> None:
         """Parse the settings given as text (a mesh, a batch schedule, a codec, a straggler)
         into their types, once, then check everything: a RunSpec that exists is valid."""
-        if isinstance(self.mesh, str):  # the devices resolve a -1
-            object.__setattr__(self, "mesh", MeshLayout.parse(self.mesh).on(self.devices))
-        parse_typed(self, skip=("mesh",))
-        self.validate()
+        try:
+            if isinstance(self.mesh, str):  # the devices resolve a -1
+                object.__setattr__(self, "mesh", MeshLayout.parse(self.mesh).on(self.devices))
+            parse_typed(self, skip=("mesh",))
+            self.validate()
+        except UsageError as e:  # a library caller is told the argument, not the flag
+            if FLAG_WORDS.get():
+                raise
+            raise UsageError(as_arguments(str(e))) from None
 
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
@@ -387,10 +410,11 @@ class RunSpec:
         is checked as it is made (``__post_init__``); a batch schedule given without a
         batch size sets it (its first)."""
         kw = cls.settings(d, where)
-        if isinstance(kw.get("batch_schedule"), str) and "batch_size" not in kw:
-            kw["batch_schedule"] = BatchSchedule.parse(kw["batch_schedule"])
-            kw["batch_size"] = kw["batch_schedule"].size_at(0)
-        return cls(**kw)
+        with command_line():  # settings in a command line's or a file's words
+            if isinstance(kw.get("batch_schedule"), str) and "batch_size" not in kw:
+                kw["batch_schedule"] = BatchSchedule.parse(kw["batch_schedule"])
+                kw["batch_size"] = kw["batch_schedule"].size_at(0)
+            return cls(**kw)
 
     @classmethod
     def settings(cls, d: dict[str, Any], where: str = "the configuration") -> dict[str, Any]:

@@ -46,6 +46,7 @@ from pathlib import Path
 from refdl.cli import Parser
 from refdl.config.flags import add_run_arguments
 from refdl.config.paths import writable_folder
+from refdl.config.spec import command_line
 from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
@@ -209,6 +210,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with command_line():  # a refused setting is named by its flag
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     devices = args.devices if args.devices and 1 <= args.devices <= 8 else 2
     simulate_devices(max(devices, 8))  # before JAX starts its backend
