@@ -10,6 +10,7 @@ device (parameters appear only as shapes until a strategy initialises them).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,16 +25,36 @@ from refdl.data import Dataset, load_dataset
 from refdl.models import MODELS
 
 
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """A spec's pure pieces: the spec resolved, its data set, its Task, its model's shape."""
+
+    spec: RunSpec
+    dataset: Dataset
+    task: Task
+    shape: ModelShape
+
+
+def assemble(spec: RunSpec) -> Pieces:
+    """The spec with the model's recipe filled in, then its data set, Task and model
+    shape (no device: parameters appear only as shapes)."""
+    spec = resolve(spec)
+    dataset = load_data(spec)
+    model, sample, axes = _model(spec, dataset)
+    shape = _shape(model, sample, axes, dataset, spec.model)
+    return Pieces(spec, dataset, _task(spec, model, sample, axes), shape)
+
+
 def resolve(spec: RunSpec) -> RunSpec:
-    """``spec`` with the model's recipe (data set, optimizer, learning rate) where unset,
-    validated (the microbatches are the plan's: ``refdl.config.plan``)."""
+    """``spec`` with the model's recipe (data set, optimizer, learning rate) where unset
+    (the microbatches are the plan's: ``refdl.config.plan``)."""
     d = MODELS.get(spec.model).defaults
     return dataclasses.replace(
         spec,
         dataset=spec.dataset or d.get("dataset", "digits"),
         optimizer=spec.optimizer or d.get("optimizer", "sgd"),
         lr=spec.lr if spec.lr is not None else d.get("lr", 0.01),
-    ).validate()
+    )
 
 
 def load_data(spec: RunSpec) -> Dataset:
@@ -43,24 +64,39 @@ def load_data(spec: RunSpec) -> Dataset:
 
 def make_task(spec: RunSpec, dataset: Dataset) -> Task:
     """The model, loss and optimizer of a resolved ``spec`` on ``dataset``, as a Task."""
+    return _task(spec, *_model(spec, dataset))
+
+
+def _model(spec: RunSpec, dataset: Dataset) -> tuple[Any, np.ndarray, Any]:
+    """The spec's model, a one-example input and the parameters' logical axes."""
     LOSSES.get(spec.loss)
-    model_def = MODELS.get(spec.model)
-    model = model_def.make(dataset.info, dict(spec.model_opts))
+    model = MODELS.get(spec.model).make(dataset.info, dict(spec.model_opts))
     model = dataclasses.replace(model, remat=spec.remat, precision=spec.precision)
-    optimizer, base = make_optimizer_for(spec)
     sample = dataset.train_batch(np.arange(1))["x"]
-    axes = model.logical_axes(jnp.asarray(sample))
-    return Task(model, spec.loss, optimizer, sample, axes, schedule=base, init=spec.init,
-                cpu_compiler_options=model_def.cpu_compiler_options)  # fmt: skip
+    return model, sample, model.logical_axes(jnp.asarray(sample))
+
+
+def _task(spec: RunSpec, model: Any, sample: np.ndarray, axes: Any) -> Task:
+    """The Task of the model with the spec's loss and optimizer (made last)."""
+    loss, init = spec.loss, spec.init
+    options = MODELS.get(spec.model).cpu_compiler_options
+    optimizer, base = make_optimizer_for(spec)
+    return Task(model, loss, optimizer, sample, axes, schedule=base, init=init,
+                cpu_compiler_options=options)  # fmt: skip
 
 
 def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:
     """The model seen without devices: per layer, each parameter's shape and logical axes."""
-    params, state = task.model.abstract_variables(jnp.asarray(task.sample_x))
+    return _shape(task.model, task.sample_x, task.logical_axes, dataset, name)
+
+
+def _shape(model: Any, sample: np.ndarray, logical_axes: Any, dataset: Dataset,
+           name: str) -> ModelShape:  # fmt: skip
+    params, state = model.abstract_variables(jnp.asarray(sample))
     layers = []
-    for key in task.model.keys:
+    for key in model.keys:
         shapes = params.get(key, {})
-        axes = task.logical_axes.get(key, {})
+        axes = logical_axes.get(key, {})
         flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
         table = {}
         for path, leaf in flat:
@@ -76,7 +112,7 @@ def model_shape(task: Task, dataset: Dataset, name: str) -> ModelShape:
         layers=tuple(layers),
         batch_stats=any("batch_stats" in v for v in state.values()),
         train_size=dataset.info.train_size,
-        sequence=int(np.shape(task.sample_x)[1]) if splits else 0,
+        sequence=int(np.shape(sample)[1]) if splits else 0,
     )
 
 

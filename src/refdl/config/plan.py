@@ -21,6 +21,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 
+import jax
 import numpy as np
 
 from refdl.config.choices import LOOPED, SPARSE_ALLREDUCE, chunks_of
@@ -178,7 +179,8 @@ def plan(
 ) -> Plan:
     """Check ``spec`` for ``strategy`` on ``model`` with ``ranks`` MPI ranks; the Plan."""
     spec = dataclasses.replace(spec, microbatches=traits.microbatches(spec))
-    check_options(spec.given(), strategy, traits, owners or {strategy: traits})
+    given = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != f.default]
+    check_options(given, strategy, traits, owners or {strategy: traits})
     check_launch(spec, strategy, traits, ranks)
     check_precision(spec, traits, ranks)
     if spec.batch_size > model.train_size:
@@ -207,6 +209,15 @@ def plan(
     )
     for check in traits.checks:  # the strategy's own rules, on what was decided
         check(spec, checked)
+    if spec.batch_schedule is not None:  # every batch of the schedule splits as the first
+        if traits.replicas:
+            raise UsageError(
+                f"--batch-schedule grows the batch of the strategies that step in lockstep; "
+                f"--strategy {strategy}'s workers take their own shares, drop it"
+            )
+        for b in spec.batch_schedule.sizes[1:]:
+            later = dataclasses.replace(spec, batch_size=b, batch_schedule=None)
+            plan(later, strategy, traits, model, ranks=ranks, owners=owners)
     return checked
 
 
@@ -271,6 +282,11 @@ def check_precision(spec: RunSpec, traits: Traits, ranks: int) -> None:
     mpirun (their ``--simulate`` and device executors keep float64)."""
     if spec.precision != "fp64":
         return
+    if not jax.config.x64_enabled:  # its arrays would silently be fp32
+        raise UsageError(
+            "--precision fp64 needs JAX's 64-bit mode: run inside "
+            "refdl.core.precision.scope('fp64') (refdl train and refdl.testing do)"
+        )
     if spec.compress or spec.allreduce in SPARSE_ALLREDUCE:
         what = f"--compress {spec.compress}" if spec.compress else f"--allreduce {spec.allreduce}"
         raise UsageError(f"{what} sends fp32 values; --precision fp64 is for exact runs, drop one")

@@ -13,8 +13,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import hashlib
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -468,17 +466,6 @@ LAYOUT_KEYS = ("strategy", "remat", "devices", "mesh", "allreduce", "sfb", "micr
                "stage_boundaries")  # fmt: skip
 
 
-def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
-    """The keys ``given`` sets that say how a run was started and differ from ``saved``."""
-    out = []
-    for key, value in given.items():
-        if key in RUN_CONTROL_KEYS or key not in saved:
-            continue
-        if _norm(value) != _norm(saved[key]):
-            out.append(key)
-    return out
-
-
 _WORDS = {
     "is",
     "must",
@@ -528,20 +515,3 @@ def as_arguments(message: str) -> str:
         return name + (f" {value}" if value else "")
 
     return _FLAG.sub(arg, message)
-
-
-def config_key(settings: dict[str, Any]) -> str:
-    """A short hash of the settings that say how a run was started (not how long or how
-    loudly it runs; fields at their defaults left out, so it survives new fields): two
-    runs continue each other's checkpoints only when their keys are equal."""
-    defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
-    kept = {k: _norm(v) for k, v in settings.items()
-            if k not in RUN_CONTROL_KEYS and _norm(v) != _norm(defaults.get(k, ...))}  # fmt: skip
-    text = json.dumps(kept, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _norm(v: Any) -> Any:
-    if isinstance(v, list | tuple):
-        return [_norm(x) for x in v]
-    return v

@@ -20,8 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from refdl.errors import UsageError
-
 
 def master_dtype(precision: str) -> Any:
     """The dtype parameters, gradients, optimizer state and the loss are kept in."""
@@ -39,15 +37,6 @@ def scope(precision: str) -> Iterator[None]:
     """Run what is inside with JAX's 64-bit mode on for ``fp64`` and off otherwise."""
     with jax.enable_x64(precision == "fp64"):
         yield
-
-
-def check_mode(precision: str) -> None:
-    """Refuse an fp64 run built outside ``scope('fp64')`` (its arrays would silently be fp32)."""
-    if precision == "fp64" and not jax.config.x64_enabled:
-        raise UsageError(
-            "--precision fp64 needs JAX's 64-bit mode: run inside "
-            "refdl.core.precision.scope('fp64') (refdl train and refdl.testing do)"
-        )
 
 
 def to_master(tree: Any, precision: str) -> Any:

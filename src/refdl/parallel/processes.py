@@ -357,6 +357,20 @@ def watch_peers(hosts: list[str], timeout_s: float, prog: str = "refdl.train") -
 
 
 @functools.lru_cache(maxsize=1)
+def join(runtime: str | None, timeout_s: float) -> list[str]:
+    """Under a launcher, the ranks meet: MPI sees them all, the strategies' communicator
+    is made (a collective: where every rank comes), and a strategy with one runtime over
+    all ranks (``runtime`` spmd) starts ``jax.distributed``. Each rank's host name, in
+    rank order (one name without a launcher)."""
+    if launched_size() > 1:
+        check_world()
+        data_comm()
+    hosts = rank_hosts()
+    if launched_size() > 1 and runtime == "spmd":
+        init_spmd(timeout_s)
+    return hosts
+
+
 def rank_hosts() -> list[str]:
     """Each rank's host name, in rank order (every rank calls it, first at the same point)."""
     here = socket.gethostname()

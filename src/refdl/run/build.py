@@ -17,10 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from refdl.assemble import load_data, make_task, model_shape, resolve
+from refdl.assemble import assemble
 from refdl.config.plan import Plan, check_launch, plan
 from refdl.config.spec import RunSpec
-from refdl.core import precision
 from refdl.core.task import Task
 from refdl.data import Dataset
 from refdl.data.order import global_batch_indices, stream_indices
@@ -72,37 +71,18 @@ def resized(run: Run, state: Any, batch: int, built: dict[int, Run]) -> tuple[Ru
 
 def build(spec: RunSpec) -> Run:
     """Build the pieces of a run; raises UsageError for anything that does not fit."""
-    spec = resolve(spec)
-    precision.check_mode(spec.precision)
     cls = STRATEGIES.get(spec.strategy)
     ranks = processes.launched_size()
-    check_launch(spec, spec.strategy, cls.traits, ranks)
-    if ranks > 1:
-        processes.check_world()
-        processes.data_comm()  # collectives (a Dup, an allgather): where every rank comes
-    hosts = processes.rank_hosts()
-    if ranks > 1:
-        spec = dataclasses.replace(spec, devices=ranks)
-        if cls.traits.multiprocess == "spmd":
-            processes.init_spmd(spec.timeout)
-    dataset = load_data(spec)
-    task = make_task(spec, dataset)
-    shape = model_shape(task, dataset, spec.model)
-    checked = plan(spec, spec.strategy, cls.traits, shape, ranks=ranks, owners=declared_traits())
-    if spec.batch_schedule is not None:  # every batch of the schedule splits as the first
-        if cls.traits.replicas:
-            raise UsageError(
-                f"--batch-schedule grows the batch of the strategies that step in lockstep; "
-                f"--strategy {spec.strategy}'s workers take their own shares, drop it"
-            )
-        for b in spec.batch_schedule.sizes:
-            plan(dataclasses.replace(spec, batch_size=b), spec.strategy, cls.traits, shape,
-                 ranks=ranks, owners=declared_traits())  # fmt: skip
-    spec = dataclasses.replace(spec, microbatches=checked.microbatches)  # the checked value
+    check_launch(spec, spec.strategy, cls.traits, ranks)  # before the ranks join
+    hosts = processes.join(cls.traits.multiprocess, spec.timeout)
+    made = assemble(dataclasses.replace(spec, devices=ranks) if ranks > 1 else spec)
+    checked = plan(made.spec, made.spec.strategy, cls.traits, made.shape, ranks=ranks,
+                   owners=declared_traits())  # fmt: skip
+    spec = dataclasses.replace(made.spec, microbatches=checked.microbatches)  # the checked
     devices = _devices(spec, checked, ranks)
-    batches = functools.partial(global_batch, dataset, spec)
-    strategy = cls.executor(checked)(task, spec, checked, devices, batches)
-    return Run(spec, dataset, task, checked, strategy, hosts)
+    batches = functools.partial(global_batch, made.dataset, spec)
+    strategy = cls.executor(checked)(made.task, spec, checked, devices, batches)
+    return Run(spec, made.dataset, made.task, checked, strategy, hosts)
 
 
 def _devices(spec: RunSpec, checked: Plan, ranks: int) -> list[Any]:

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from refdl.config.files import check_regular, load_json
-from refdl.config.spec import config_key, differing
+from refdl.config.spec import RUN_CONTROL_KEYS, RunSpec
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 
@@ -304,3 +304,31 @@ def load_leaves(path: str | Path) -> dict[str, np.ndarray]:
     a checkpoint or run folder: for comparing runs whose state structures differ."""
     choice = resolve(path)
     return dict(zip(choice.meta["tree_paths"], choice.leaves, strict=True))
+
+
+def config_key(settings: dict[str, Any]) -> str:
+    """A short hash of the settings that say how a run was started (not how long or how
+    loudly it runs; fields at their defaults left out, so it survives new fields): two
+    runs continue each other's checkpoints only when their keys are equal."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
+    kept = {k: _norm(v) for k, v in settings.items()
+            if k not in RUN_CONTROL_KEYS and _norm(v) != _norm(defaults.get(k, ...))}  # fmt: skip
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return [_norm(x) for x in v]
+    return v
+
+
+def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The keys ``given`` sets that say how a run was started and differ from ``saved``."""
+    out = []
+    for key, value in given.items():
+        if key in RUN_CONTROL_KEYS or key not in saved:
+            continue
+        if _norm(value) != _norm(saved[key]):
+            out.append(key)
+    return out

@@ -21,13 +21,12 @@ from refdl.config.plan import check_options
 from refdl.config.spec import (
     LAYOUT_KEYS,
     OUTPUT_KEYS,
-    config_key,
-    differing,
     flag,
 )
 from refdl.errors import UsageError
 from refdl.parallel import processes
 from refdl.run import checkpoint
+from refdl.run.checkpoint import config_key, differing
 from refdl.strategies import STRATEGIES, declared_traits, traits_of
 
 
