@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from refdl.config.spec import config_key
 from refdl.core.state import TrainState
 from refdl.errors import UsageError
 from refdl.run import checkpoint
+from refdl.run.checkpoint import config_key
 
 BASE = {"model": "mlp", "strategy": "single", "lr": 0.1, "seed": 0, "optimizer": "sgd",
         "model_opts": [["hidden", "32"]], "steps": 100, "out": "runs/a"}  # fmt: skip

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, stderr_lines
 from refdl.comm import topology
-from refdl.config.spec import RunSpec
+from refdl.config.spec import RunSpec, command_line
 from refdl.errors import UsageError
 from refdl.parallel import processes as dist
 from refdl.run.build import build
@@ -354,7 +354,7 @@ def test_staleness_of_hand_computed():
     ],
 )
 def test_distributed_bad_input(kw, message):
-    with pytest.raises(UsageError, match=re.escape(message)):
+    with pytest.raises(UsageError, match=re.escape(message)), command_line():  # flags' words
         build(RunSpec(**kw))
 
 

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from refdl.comm.allreduce import analytic_bytes
-from refdl.config.spec import RunSpec
+from refdl.config.spec import RunSpec, command_line
 from refdl.errors import UsageError
 from refdl.run.build import build
 from refdl.run.loop import fit
@@ -88,7 +88,7 @@ def test_measured_bytes_are_the_priced_ones(tmp_path, precision):
     ],
 )
 def test_bad_sfb_is_refused_up_front(kw, message):
-    with pytest.raises(UsageError, match=re.escape(message)):
+    with pytest.raises(UsageError, match=re.escape(message)), command_line():
         build(RunSpec(strategy="data", model="mlp", **kw))
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, stderr_lines
-from refdl.config.spec import RunSpec
+from refdl.config.spec import RunSpec, command_line
 from refdl.errors import UsageError
 from refdl.run.build import build
 from refdl.run.loop import fit
@@ -22,8 +22,9 @@ def model_shape(run):
 
 
 def assert_usage_error(kw: dict, message: str) -> None:
-    """Building a run from ``kw`` fails up front with ``message`` in its one line."""
-    with pytest.raises(UsageError, match=re.escape(message)):
+    """Building a run from ``kw`` fails up front with ``message`` in its one line (the
+    flags' words: the spec made as a command line makes it)."""
+    with pytest.raises(UsageError, match=re.escape(message)), command_line():
         build(RunSpec(**kw))
 
 
