@@ -135,6 +135,11 @@ def made(tree: Path, what: str) -> Path:
         subprocess.run([py, "scripts/user_runs/torch_digits.py", "--out", "from-start",
                         "--start", "start-made", "--seeds", "1"], cwd=tree, env=env,
                        check=True, capture_output=True, timeout=600)  # fmt: skip
+    if what.startswith("parity-") and not (tree / f"runs/made-{what}").exists():
+        layout = ["--strategy", "data", "--devices", "2"] if what == "parity-test" else []
+        subprocess.run([py, "-m", "refdl.train", *layout, "--model", "mlp", "--steps",
+                        str(STEPS), "--log-every", "1", "--out", f"runs/made-{what}"], cwd=tree,
+                       env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
     if what in ("run", "ps") and not (tree / f"runs/made-{what}").exists():
         args = (["--strategy", "ps", "--simulate", "--workers", "3", "--batch-size", "96",
                  "--ps-mode", "async"] if what == "ps" else ["--model", "mlp"])  # fmt: skip
@@ -158,6 +163,10 @@ def placeholders(text: str, tree: Path) -> str:
             real = {".jsonl": ".jsonl", ".csv": ".csv", ".toml": ".toml", "/": ".tb"}
             suffix = next(v for k, v in real.items() if name.endswith(k))
             text = re.sub(rf"(?<![\w/]){re.escape(name)}", str(stem) + suffix, text)
+    for role in ("test", "control"):  # an N-D run and its 1-D control, every step logged
+        if re.search(rf"(?<![\w/]){role}\.jsonl", text):
+            log = made(tree, f"parity-{role}") / "metrics.jsonl"
+            text = re.sub(rf"(?<![\w/]){role}\.jsonl", str(log), text)
     if "hosts.txt" in text and not (tree / "hosts.txt").exists():
         (tree / "hosts.txt").write_text("refdl-h1 slots=2\nrefdl-h2 slots=2\n")
     if "my_run_from_start.jsonl" in text:

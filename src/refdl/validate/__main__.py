@@ -14,6 +14,10 @@ Two modes:
   and Deep500's error metrics. ``--strategy ps --ps-mode async`` compares by
   outcome instead: accuracy band, throughput, staleness. Exit status 1 when a
   tolerance is exceeded.
+- ``--results TEST --control CONTROL [--control CONTROL2] [--report DIR]`` judges a
+  parallel run's log against its own 1-D control's, from the two logs alone (any
+  size, any framework; ``refdl.validate.parity``): the same training within the noise,
+  or where and how it departs.
 - ``--results LOG [--hw PROFILE] [--report DIR]`` reads a framework's own training
   log (JSON lines, a CSV with a header, or TensorBoard event files; the
   configuration in the log, ``--config FILE.toml`` or ``--set KEY=VALUE``), reruns
@@ -51,6 +55,7 @@ from refdl.config.values import Float, Int, Optional
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
 from refdl.strategies import traits_of
+from refdl.validate import parity
 from refdl.validate.asynchronous import print_async, validate_async
 from refdl.validate.exact import (
     FIRST_STEP_RTOL,
@@ -139,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "torch.nn.BatchNorm2d (loses precision on CPU; see README)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600, help="seconds for the PyTorch workers")
     p.add_argument("--results", help="a framework's log (CSV or JSONL) to compare with refdl")
+    p.add_argument("--control", action="append", metavar="LOG",
+                   help="with --results: the 1-D control run's log (same seed, data order and "
+                        "global batch); a second --control gives the run's own noise. "
+                        "Judges the two logs alone, no rerun")  # fmt: skip
     p.add_argument("--hw", default="local", help="hardware profile for --results' prediction")
     p.add_argument("--report", help="with --results: directory for report.md and report.json")
     p.add_argument("--seeds", type=int, default=10,
@@ -209,6 +218,24 @@ def check_args(args: argparse.Namespace) -> None:
         writable_folder(args.seed_cache, "--seed-cache")
 
 
+def _parity(args: argparse.Namespace) -> int:
+    """``--results TEST --control CONTROL``: the verdict, its report; 0 passed, 1 departed."""
+    if not args.results:
+        raise UsageError("--control is the control of --results TEST; add --results")
+    r = parity.parity_report(args.results, args.control, args.scalars, args.config, args.set)
+    if args.report:
+        try:
+            parity.write_report(r, Path(args.report))
+        except OSError as e:
+            print(f"{PROG}: error: cannot write {e.filename} ({e.strerror or e})",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    print(json.dumps(r, indent=2) if args.json else parity.summary_line(r))
+    if args.report and not args.json:
+        print(f"report: {Path(args.report) / 'report.md'}")
+    return 0 if r["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     with command_line():  # a refused setting is named by its flag
         return _main(argv)
@@ -233,6 +260,8 @@ def _main(argv: list[str] | None) -> int:
                   f"seed {args.seed}) in {args.export_start}: fingerprint {start['fingerprint']} "
                   "(log it as \"start\"; loaders: load_torch.py, load_keras.py)")  # fmt: skip
             return 0
+        if args.control:
+            return _parity(args)
         if args.results:
             r = results_report(request)
             if args.report:

@@ -1,6 +1,8 @@
-"""A framework's training log as users have it: JSON lines, a CSV with a header, or a
-TensorBoard event file (or a folder of them), with the configuration in the file, in a
-TOML file (``--config``) or on the command line (``--set KEY=VALUE``).
+"""A framework's training log as users have it: JSON lines, a CSV with a header, a
+TensorBoard event file (or a folder of them; torchtitan's, MaxText's, NeMo's and
+Megatron-LM's loss tags are known), Megatron-LM's text log lines or Hugging Face
+Trainer's ``trainer_state.json``, with the configuration in the file, in a TOML file
+(``--config``) or on the command line (``--set KEY=VALUE``).
 
 Every row value and configuration value is checked against its declared type
 (``ROW_VALUES``, ``CONFIG_VALUES``); a wrong one is a one-line error. Which column or
@@ -19,6 +21,7 @@ import csv
 import dataclasses
 import io
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,18 @@ ROW_VALUES = {
 # The names users give each quantity, tried in this order (refdl's own TensorBoard tags too).
 NAMES = {
     "step": ("step", "iteration", "iter", "global_step"),
-    "loss": ("loss", "train/loss", "train_loss", "training_loss", "loss/train"),
+    # torchtitan's TensorBoard tag, MaxText's, NeMo/Lightning's, Megatron-LM's
+    "loss": (
+        "loss",
+        "train/loss",
+        "train_loss",
+        "training_loss",
+        "loss/train",
+        "loss_metrics/global_avg_loss",
+        "learning/loss",
+        "reduced_train_loss",
+        "lm loss",
+    ),
     "test_accuracy": (
         "test_accuracy",
         "accuracy",
@@ -218,6 +232,37 @@ def _events(path: Path, names: dict, notes: list[str]) -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
+# Megatron-LM's training log line (megatron/training/training.py, training_log):
+# " [date] iteration      100/  500000 | consumed samples: ... | lm loss: 7.339117E+00 | ..."
+_MEGATRON_STEP = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON_LOSS = re.compile(r"\|\s*lm loss:\s*([-+0-9.eE]+|nan|inf)\s*\|", re.IGNORECASE)
+
+
+def _megatron(text: str, notes: list[str]) -> list[dict]:
+    """Megatron-LM's text log: one row per ``iteration N/ M | ... | lm loss: X |`` line."""
+    rows = []
+    for line in text.splitlines():
+        step, loss = _MEGATRON_STEP.search(line), _MEGATRON_LOSS.search(line)
+        if step and loss:
+            rows.append({"step": int(step.group(1)), "loss": float(loss.group(1))})
+    if not rows:
+        raise ValueError("no 'iteration N/ M | ... | lm loss: X |' line (Megatron-LM's log)")
+    notes.append(f"Megatron-LM text log: {len(rows)} 'iteration ... | lm loss' lines")
+    return rows
+
+
+def _trainer_state(state: dict, notes: list[str]) -> list[dict]:
+    """Hugging Face Trainer's ``trainer_state.json``: the training entries of
+    ``log_history`` (those with ``loss`` and ``step``; evaluation entries are skipped)."""
+    history = state["log_history"]
+    if not isinstance(history, list):
+        raise ValueError("log_history must be a list")
+    rows = [{"step": e["step"], "loss": e["loss"]} for e in history
+            if isinstance(e, dict) and "loss" in e and "step" in e]  # fmt: skip
+    notes.append(f"Hugging Face trainer_state.json: {len(rows)} log_history entries with a loss")
+    return rows
+
+
 def read_config(path: str) -> dict[str, Any]:
     """A TOML file of configuration keys (``--config``): a flat table, or a ``[config]``."""
     p = Path(path)
@@ -251,9 +296,11 @@ def read_log(
     config_file: str | None = None,
     sets: list[str] | None = None,
     scalars: str | None = None,
+    rerun: bool = True,
 ) -> Log:
     """A framework's log (the module docstring), every value checked. The configuration
-    is the file's own, then ``config_file``'s, then ``sets`` (a later one wins)."""
+    is the file's own, then ``config_file``'s, then ``sets`` (a later one wins); it must
+    name the model where refdl reruns it (``rerun``; a parity check reruns nothing)."""
     p = Path(path)
     names = _names(scalars)
     notes: list[str] = []
@@ -264,14 +311,19 @@ def read_log(
     try:
         if is_events:
             fmt, rows = "tensorboard", _events(p, names, notes)
+        elif p.suffix == ".json" and (state := _json_object(_text(p, "--results"))):
+            fmt, rows = "trainer_state", _trainer_state(state, notes)
         elif p.suffix in (".jsonl", ".json"):
             fmt, (rows, config) = "jsonl", _jsonl(_text(p, "--results"))
         elif p.suffix == ".csv":
             fmt, (rows, config) = "csv", _csv(_text(p, "--results"), names, notes)
+        elif p.suffix in (".log", ".txt", ".out"):
+            fmt, rows = "megatron", _megatron(_text(p, "--results"), notes)
         else:
             raise UsageError(
-                f"--results {path}: give a .jsonl or .csv file, or a TensorBoard "
-                "event file or folder"
+                f"--results {path}: give a .jsonl or .csv file, a TensorBoard event file or "
+                "folder, Megatron-LM's text log (.log, .txt, .out) or Hugging Face's "
+                "trainer_state.json"
             )
     except UsageError:
         raise
@@ -284,7 +336,17 @@ def read_log(
         given = parse_sets(sets)
         config.update(given)
         notes.append(f"configuration set on the command line: {', '.join(given)}")
-    return Log(_checked(rows, path), _checked_config(config, path), fmt, notes)
+    return Log(_checked(rows, path), _checked_config(config, path, rerun), fmt, notes)
+
+
+def _json_object(text: str) -> dict | None:
+    """A ``.json`` file that is one object with a ``log_history`` (Hugging Face's Trainer
+    state), else None (JSON lines)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and "log_history" in obj else None
 
 
 def _checked(rows: list[dict], path: str) -> list[dict]:
@@ -303,11 +365,11 @@ def _checked(rows: list[dict], path: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["step"])
 
 
-def _checked_config(config: dict[str, Any], path: str) -> dict[str, Any]:
+def _checked_config(config: dict[str, Any], path: str, rerun: bool = True) -> dict[str, Any]:
     for key, value in config.items():
         if key in CONFIG_VALUES and (problem := CONFIG_VALUES[key].problem(value)):
             raise UsageError(f"--results {path}: configuration {key} must be {problem}")
-    if "model" not in config:
+    if rerun and "model" not in config:
         raise UsageError(
             f"--results {path}: the configuration must name the model "
             "(in the log, --config FILE.toml or --set model=NAME)"
