@@ -86,6 +86,7 @@ def test_candidates_form_a_pareto_front():
     assert [(t, w) for t, w, _ in front] == [(4.0, 0), (3.0, 200), (2.0, 400)]
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_a_convolution_in_micro_batches_equals_the_undivided_one():
     rng = np.random.default_rng(2)
     x = rng.normal(size=(8, 6, 6, 3)).astype(np.float32)

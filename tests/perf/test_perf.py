@@ -535,6 +535,7 @@ def test_split_allgather_is_priced_phase_by_phase(capsys):
     assert row["algo"] == "sparse-split" and row["speedup_over_dense"] > 1
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_hierarchical_ps_is_priced_in_two_levels():
     """W/G learners share each aggregator's link, then G aggregators the server's: on 64
     workers in 8 groups that is 2 x 8 serialized transfers where one server had 64."""

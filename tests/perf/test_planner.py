@@ -25,6 +25,7 @@ def plan(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
     """The issue's acceptance command: five configurations under 80 GB with intervals, the
     search well within 30 s (2026-11-26: 51,807 priced on 850 meshes in 2.7 s)."""
@@ -49,6 +50,7 @@ def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
     assert r["priced"] > 1000 and "faster than the next" in r["why_first"]
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_the_pruned_search_finds_the_exhaustive_top():
     def planner() -> Planner:
         return Planner(model_cost("gpt3-2.7b"), hw.load("a100-nvlink-ib-hdr"), 64, 256,

@@ -45,7 +45,7 @@ def test_measured_bytes_equal_each_stage_formula(tmp_path, microbatches):
 @pytest.mark.parametrize(
     "model,zero,microbatches",
     [
-        ("transformer", 3, 2),
+        pytest.param("transformer", 3, 2, marks=pytest.mark.slow),  # 9 s (the suite's 15 min)
         ("lstm_lm", 3, 1),
         pytest.param("resnet", 3, 1, marks=pytest.mark.slow),
         pytest.param("lenet5", 2, 2, marks=pytest.mark.slow),
@@ -68,6 +68,7 @@ def test_every_models_gathers_and_scatters_equal_the_formula(model, zero, microb
         assert by["all-gather"] == (p - 1) * m * (2 * psi - lookups)
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_memory_per_device_follows_the_stages(tmp_path):
     """Live parameters and Adam moments on one device equal the paper's split: stage 3
     holds Psi / P of the parameters, every stage 2 Psi / P of Adam's moments."""
@@ -102,6 +103,7 @@ def test_acceptance_fsdp_adam_40_steps_equals_single(tmp_path, zero):
     assert got["comm_bytes_per_step"] > 0 and got["zero"] == zero
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_stage_3_resumes_bit_identically(tmp_path):
     """A checkpoint holds the whole state (shards gathered, padding dropped); resuming
     places it back in shards and continues the same trajectory."""
@@ -116,6 +118,7 @@ def test_stage_3_resumes_bit_identically(tmp_path):
     assert (64, 256) in shapes  # the whole kernel, not its padded shard
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_bad_zero_is_one_line(tmp_path):
     r = run_cli("--strategy", "fsdp", "--zero", "4", "--devices", "2", "--out", str(tmp_path / "x"))
     assert r.returncode == 2

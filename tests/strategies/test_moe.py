@@ -56,6 +56,7 @@ def _dense_reference(layer: MoEFeedForward, params, x):
     return y, layer.aux_weight * aux
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_moe_layer_equals_a_loop_over_experts_in_value_and_gradient():
     """With room for every token, the routed layer's output and the gradients of
     ``sum(y * r) + aux`` equal the dense loop's (fp32, rtol 1e-5, atol 1e-6)."""

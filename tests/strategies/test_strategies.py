@@ -48,6 +48,7 @@ def test_data_measured_bytes_equal_analytic(tmp_path, algo):
     assert s["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "context": 1, "model": 1, "pipe": 1}
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_model_and_hybrid_report_measured_bytes(tmp_path):
     m = fit(
         RunSpec(strategy="model", devices=4, model="mlp", steps=2, out=str(tmp_path / "m"), **QUIET)

@@ -142,6 +142,7 @@ def test_the_margin_keeps_a_tiny_systematic_difference_from_failing():
     assert S.judge("test_accuracy", 0.90, acc, 4)["departs"]
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_seed_runs_on_one_build_equal_separate_runs_and_are_cached(tmp_path):
     import dataclasses
 

@@ -49,7 +49,7 @@ def run_module(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         pytest.param("lenet5", marks=pytest.mark.slow),  # slow: the suite's 15 min
         pytest.param("resnet", marks=pytest.mark.slow),
         "lstm_lm",
-        "transformer",
+        pytest.param("transformer", marks=pytest.mark.slow),  # 10 s (the suite's 15 min)
     ],
 )
 def test_converted_model_computes_refdls_forward_pass(model):
