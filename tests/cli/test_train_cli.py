@@ -106,6 +106,7 @@ def test_interrupt_checkpoints_then_resume_continues(tmp_path):
     assert rows == sorted(set(rows))  # no duplicated steps after resuming
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_resume_refuses_a_different_trajectory(tmp_path):
     first = run_cli("--model", "mlp", "--steps", "5", "--out", str(tmp_path), "--no-progress")
     assert first.returncode == 0, first.stderr

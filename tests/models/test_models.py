@@ -31,9 +31,9 @@ SMALL = {
 
 
 @pytest.mark.parametrize(
-    "name",  # lenet5 slow too since 2026-11-26 (the default suite's 15 min)
+    "name",  # lenet5 and transformer slow too since 2026-11-26 (the default suite's 15 min)
     [
-        pytest.param(n, marks=pytest.mark.slow) if n in ("resnet", "lenet5") else n
+        pytest.param(n, marks=pytest.mark.slow) if n in ("resnet", "lenet5", "transformer") else n
         for n in sorted(SMALL)
     ],
 )

@@ -121,6 +121,7 @@ def test_meshes_are_every_factorisation():
     assert all(m.size == 12 for m in meshes(12, ("data", "fsdp", "model", "context", "pipe")))
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_what_run_would_train_refdl_train_accepts():
     """Every configuration of the runnable space for mlp and the transformer passes
     refdl train's checks (built without devices: the option and plan checks)."""

@@ -83,6 +83,7 @@ def test_tensorboard_and_csv_logs_of_the_same_run_get_the_same_verdict(logs):
     assert "loss from tag 'loss'" in r["read"][0] and "accuracy from tag 'accuracy'" in r["read"][0]
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_gradients_never_zeroed_fail_naming_the_statistics(logs):
     train(logs, "--seeds", "3", "--bug", "no-zero-grad")
     code, r = report(logs / "torch-mlp-shuffle-no-zero-grad-s3.jsonl", logs)

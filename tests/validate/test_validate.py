@@ -146,6 +146,7 @@ def test_validate_cli_json_and_bad_input(capsys):
     )
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite's 15 min)
 def test_results_report_on_a_real_pytorch_log(tmp_path, capsys):
     """A PyTorch training log (written by the adapter from refdl's start, and saying so with
     the start's fingerprint) compared exactly with refdl's reference."""
