@@ -105,3 +105,18 @@ def test_a_resumed_schedule_continues_exactly(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     a, b = load_leaves(tmp_path / "cut"), load_leaves(tmp_path / "whole")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_on_a_schedule_writes_its_text_in_the_summary_and_config(tmp_path):
+    """The schedule is a type inside the run and its text in the files (summary.json,
+    config.json): a library run on a growing batch, three steps."""
+    from refdl.config.spec import RunSpec
+    from refdl.run.loop import fit
+
+    out = tmp_path / "run"
+    summary = fit(RunSpec(model="mlp", steps=3, batch_size=32, batch_schedule="0:32,2:64",
+                          eval_every=0, progress=False, out=str(out)))  # fmt: skip
+    assert summary["batch_schedule"] == "0:32,2:64" and summary["global_batch_last"] == 64
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["batch_schedule"] == "0:32,2:64"
+    assert json.loads((out / "config.json").read_text())["batch_schedule"] == "0:32,2:64"

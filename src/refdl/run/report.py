@@ -298,7 +298,7 @@ def summary(
         "dataset": info.name,
         "steps": int(np.asarray(host.step).reshape(-1)[0]),
         "global_batch": first_batch(spec),
-        "batch_schedule": spec.batch_schedule,
+        "batch_schedule": spec.batch_schedule and str(spec.batch_schedule),  # its text
         "global_batch_last": spec.batch_size,
         "compilations": history.get("compilations"),
         "devices": len(run.strategy.devices),
