@@ -53,7 +53,7 @@ from refdl.registry import Registry
 CostFormula = Callable[[ModelCost, Any, int, int, PredictOptions], CostBreakdown]
 # Step-cost formulas by their own names; a strategy names its formula in its Traits
 # (``Traits.cost``), so a strategy written elsewhere adds its formula here and names it.
-FORMULAS: Registry[CostFormula] = Registry("step-cost formula")
+FORMULAS: Registry[CostFormula] = Registry("cost model")
 
 
 def formula_of(traits: Any) -> CostFormula:
@@ -197,7 +197,7 @@ def sufficient_factors(
     return allreduce(max(rest, 0.0)) + gathers
 
 
-@FORMULAS.register("zero")
+@FORMULAS.register("zero_sharding")
 def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """ZeRO stage ``opts.zero`` over P workers (Rajbhandari et al. 2020): data-parallel
     compute of B/P samples; ring reduce-scatters and all-gathers of the fp32 parameters

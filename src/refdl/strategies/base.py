@@ -169,9 +169,10 @@ def register(name: str):
 
 
 def traits_of(name: str) -> Traits:
-    """What strategy ``name`` declares; a name only the performance model knows (a cost
-    formula registered alone, for a strategy not written yet) gets the defaults."""
-    return STRATEGIES.get(name).traits if name in STRATEGIES else Traits()
+    """What strategy ``name`` declares; any other name gets the defaults and names its own
+    cost model (a formula registered alone, for a strategy not written yet; an unknown
+    name is refused by the cost models' registry, listing them)."""
+    return STRATEGIES.get(name).traits if name in STRATEGIES else Traits(cost=name)
 
 
 def declared_traits() -> dict[str, Traits]:

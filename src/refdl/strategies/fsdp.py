@@ -60,7 +60,7 @@ class FSDP(Strategy):
         options=frozenset({"mesh", "zero"}),
         multiprocess="spmd",
         shards_params=True,
-        cost="zero",
+        cost="zero_sharding",
     )
 
     def __init__(self, task, spec, plan, devices, batches) -> None:

@@ -359,7 +359,7 @@ def validate(args: Request) -> dict[str, Any]:
 def print_report(r: dict[str, Any]) -> None:
     """The validation as a few readable lines."""
     fw = r["framework"]
-    n_ranks = r["workers"] if traits_of(r["strategy"]).workers else r["devices"] * r["workers"]
+    n_ranks = r["workers"] if traits_of(r["strategy"]).replicas else r["devices"] * r["workers"]
     what = f"{r['strategy']} {r['model']} x{n_ranks}, {r['steps']} steps"
     if r["schedule"]:
         what += f", {r['schedule']} {r['microbatches']} microbatches, cuts {r['stage_boundaries']}"
