@@ -47,7 +47,13 @@ MOE = register(
         },
         defaults=dict(TRANSFORMER.defaults),
         doc="Transformer LM with mixture-of-experts MLPs (top-k, capacity)",
-        cpu_compiler_options=TRANSFORMER.cpu_compiler_options,
+        # XLA:CPU's all-reduce-promotion aborts the compiler (Check failure: "Invalid
+        # binary instruction opcode copy") on a bf16 step of data x expert; without it the
+        # bf16 all-reduces are summed in bf16 (found by scripts/bench_parity.py, 2026-11-26)
+        cpu_compiler_options=(
+            *TRANSFORMER.cpu_compiler_options,
+            ("xla_disable_hlo_passes", "all-reduce-promotion"),
+        ),
         splits_sequence=True,
     )
 )
