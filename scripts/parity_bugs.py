@@ -1,12 +1,18 @@
-"""A zoo of real parallelism bugs, each a small data-parallel strategy registered from
-outside ``src/`` through refdl's public registry (``refdl.register_strategy``), for
+"""A zoo of real parallelism bugs, each a small strategy registered from outside ``src/``
+through refdl's public registry (``refdl.register_strategy``), for
 ``scripts/bench_parity.py`` and its test.
 
-Every variant is the same hand-written data-parallel step - each device its share of
-the global batch, gradients reduced over the ``data`` axis inside ``shard_map``,
-the update applied on every replica - with one mistake that frameworks and users
-have made. ``parity_none`` makes none: it is a healthy N-D run (it equals ``single``
-to rounding). Refdl's own strategies are never changed.
+Two families, each with one mistake that frameworks and users have made:
+
+- ``BUGS``: the same hand-written data-parallel step - each device its share of the
+  global batch, gradients reduced over the ``data`` axis inside ``shard_map``, the update
+  applied on every replica - with the mistake planted. ``parity_none`` makes none: it is a
+  healthy N-D run (it equals ``single`` to rounding).
+- ``TRANSFORMER_BUGS``: subclasses of refdl's ``context`` and ``pipeline`` strategies that
+  change one thing (the causal mask, the positions, the microbatch loss scale, one stage's
+  update), for the transformer.
+
+Refdl's own strategies are never changed.
 """
 
 from __future__ import annotations
@@ -20,7 +26,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import refdl
+from refdl.core.layers import SequenceShard, sequence_shard
+from refdl.parallel.context import _block, context_shard
 from refdl.strategies import STRATEGIES
+from refdl.strategies.context import ContextParallel
+from refdl.strategies.pipeline import Pipeline
 
 AXIS = "data"
 CLIP = 0.5  # the global-norm clip of local_clip (the mlp's gradient norm is ~1 at the start)
@@ -133,14 +143,101 @@ class ShardMapData(refdl.Strategy):
         return state, {"loss": loss}
 
 
+# bug -> (what goes wrong, the public source that documents the pitfall); the transformer's
+TRANSFORMER_BUGS = {
+    "cp_mask_order": (
+        "context parallelism (all-to-all): the causal mask built from the gathered tokens' "
+        "index, not from their place in the sequence (the zig-zag load balancing forgotten "
+        "in the mask: some queries see later tokens, some miss earlier ones)",
+        "Megatron-Core and ring-flash-attention reorder the sequence zig-zag for load "
+        "balance; the mask must follow the permuted positions (Megatron-LM "
+        "get_batch_on_this_cp_rank)",
+    ),
+    "cp_local_positions": (
+        "context parallelism (ring): each device's tokens given positions 0..T/c-1, not "
+        "their global places (position ids not sharded with the sequence)",
+        "Hugging Face accelerate's and Megatron's context-parallel recipes shard "
+        "position_ids with input_ids; a model that rebuilds them locally restarts at 0",
+    ),
+    "pipe_loss_unscaled": (
+        "pipeline (1F1B): the microbatches' losses summed at the last stage, not averaged "
+        "(the loss not divided by the number of microbatches)",
+        "Megatron-LM's forward_step divides each microbatch's loss by num_microbatches; "
+        "a schedule that omits it multiplies the gradient by the microbatch count",
+    ),
+    "pipe_stale_stage": (
+        "pipeline (1F1B): stage 0 applies the previous step's gradient (its weights one "
+        "update behind the others: asynchronous weight updates where synchronous were meant)",
+        "PipeDream's weight stashing (Narayanan et al., SOSP 2019): without it, or with it "
+        "wrong, a stage updates with gradients of other weights",
+    ),
+}
+
+
+class ContextBug(ContextParallel):
+    """``context`` with its piece of the sequence described wrongly (``bug``)."""
+
+    bug: ClassVar[str] = "cp_mask_order"
+
+    def _local_step(self, state: Any, batch: Any) -> tuple[Any, Any]:
+        with sequence_shard(self._shard()):
+            loss, grads, model_state = self.task.accumulated_grads(
+                state.params, state.model_state, batch, self.plan.microbatches
+            )
+        grads = jax.lax.pmean(grads, "context")
+        state = self.task.apply_gradients(state, grads, model_state)
+        return state, {"loss": jax.lax.pmean(loss, "context")}
+
+    def _shard(self) -> SequenceShard:
+        right = context_shard(self.spec.cp, "context", self.order)
+        if self.bug == "cp_local_positions":
+            local = self.order.shape[1]
+            return SequenceShard(lambda _t: jnp.arange(local), right.attention)
+
+        def attention(q, k, v):  # Ulysses with the mask of the gathered index order
+            to_heads = lambda x: jax.lax.all_to_all(x, "context", 2, 1, tiled=True)  # noqa: E731
+            q, k, v = to_heads(q), to_heads(k), to_heads(v)
+            pos = jnp.arange(q.shape[1])
+            o, _ = _block(q, k, v, pos[:, None] >= pos[None, :])
+            return jax.lax.all_to_all(o.astype(q.dtype), "context", 1, 2, tiled=True)
+
+        return SequenceShard(right.positions, attention)
+
+
+class PipelineBug(Pipeline):
+    """``pipeline`` with one stage's arithmetic wrong (``bug``)."""
+
+    bug: ClassVar[str] = "pipe_loss_unscaled"
+
+    def _jit(self) -> None:
+        m = self.m
+        if self.bug == "pipe_loss_unscaled":
+            self.m = 1  # the last stage's scale is 1 / self.m, read once here
+        try:
+            super()._jit()
+        finally:
+            self.m = m
+        if self.bug == "pipe_stale_stage":
+            update, held = self._updates[0], {}
+
+            def stale(state, grads, model_state):  # the previous step's gradient, or none
+                prev = held.get("g", jax.tree.map(jnp.zeros_like, grads))
+                held["g"] = grads
+                return update(state, prev, model_state)
+
+            self._updates[0] = stale
+
+
 def register_bugs() -> list[str]:
-    """Register ``parity_none`` and one ``parity_<bug>`` strategy per bug (idempotent);
-    their names."""
+    """Register ``parity_none`` and one ``parity_<bug>`` strategy per bug of both families
+    (idempotent); their names."""
     names = []
-    for bug in ("none", *BUGS):
+    bases = {**dict.fromkeys(("none", *BUGS), ShardMapData),
+             **{b: ContextBug if b.startswith("cp_") else PipelineBug
+                for b in TRANSFORMER_BUGS}}  # fmt: skip
+    for bug, base in bases.items():
         name = f"parity_{bug}"
         if name not in STRATEGIES:
-            cls = type(f"Parity_{bug}", (ShardMapData,), {"bug": bug})
-            refdl.register_strategy(name)(cls)
+            refdl.register_strategy(name)(type(f"Parity_{bug}", (base,), {"bug": bug}))
         names.append(name)
     return names
