@@ -80,7 +80,7 @@ def _task(spec: RunSpec, model: Any, sample: np.ndarray, axes: Any) -> Task:
     """The Task of the model with the spec's loss and optimizer (made last)."""
     loss, init = spec.loss, spec.init
     options = MODELS.get(spec.model).cpu_compiler_options
-    optimizer, base = make_optimizer_for(spec)
+    optimizer, base = make_optimizer_for(spec, logical_axes=axes)
     return Task(model, loss, optimizer, sample, axes, schedule=base, init=init,
                 cpu_compiler_options=options)  # fmt: skip
 

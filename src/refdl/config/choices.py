@@ -8,7 +8,7 @@ checked without importing them, and the two lists cannot drift apart
 
 from __future__ import annotations
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "muon")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
 INIT_SCHEMES = ("lecun_normal", "torch", "keras")  # refdl's, PyTorch's and Keras' defaults
@@ -22,6 +22,7 @@ PS_MODES = ("sync", "async", "ssp", "hierarchical", "softsync")
 ORDERS = ("atc", "cta")  # decentralized: adapt-then-combine, combine-then-adapt
 TOPOLOGIES = ("ring", "torus", "exp2", "complete")
 PRESETS = ("tensor", "owt")
+MUON_SCHEMES = ("gather", "owner")  # Muon on fsdp's flat shards (refdl.parallel.muon)
 CONTEXT_ATTENTION = ("ring", "all-to-all")  # context parallelism (refdl.parallel.context)
 REMAT = ("none", "full", "selective")  # activation recomputation per layer
 PRECISIONS = ("fp32", "bf16", "fp64")  # compute precision (bf16: fp32 master weights; fp64: all)

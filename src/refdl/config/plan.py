@@ -36,7 +36,7 @@ STRATEGY_OPTIONS = (
     "mesh", "allreduce", "compress", "zero", "preset", "stages", "schedule", "chunks",
     "stage_boundaries", "plot_schedule", "ps_mode", "servers", "ps_groups", "softsync_n",
     "staleness", "simulate", "workers", "ps_trace", "topology", "order", "gossip",
-    "consensus_step", "straggler", "cp", "sequence_parallel", "sfb",
+    "consensus_step", "straggler", "cp", "sequence_parallel", "sfb", "muon",
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from refdl.config.choices import (
     CONTEXT_ATTENTION,
     INIT_SCHEMES,
     LR_SCHEDULES,
+    MUON_SCHEMES,
     OPTIMIZERS,
     ORDERS,
     PIPELINE_SCHEDULES,
@@ -220,6 +221,12 @@ class RunSpec:
         "fsdp: ZeRO stage - 1 shards the optimizer state, 2 also the "
         "gradients, 3 also the parameters",
     )
+    muon: str = DEVICES(
+        "gather",
+        Choice(MUON_SCHEMES),
+        "fsdp with --optimizer muon: how a sharded matrix is orthogonalized - gather "
+        "(every rank gathers it) or owner (one rank per matrix, results sent back)",
+    )
     preset: str | None = DEVICES(
         None,
         Optional(Choice(PRESETS)),
@@ -356,6 +363,8 @@ class RunSpec:
             )
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
+        if self.muon != "gather" and self.optimizer != "muon":
+            raise UsageError(f"--muon {self.muon} is a scheme of --optimizer muon; add it")
         if self.ps_mode == "ssp" and self.staleness is None:
             raise UsageError("--ps-mode ssp needs --staleness S (the bound, S >= 0)")
         if (self.ps_mode == "hierarchical") != (self.ps_groups is not None):
@@ -462,7 +471,7 @@ def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str
 # Everything else says what is trained and how (a compression codec, a parameter server's
 # or a graph's settings included), and must agree with the checkpoint's.
 LAYOUT_KEYS = ("strategy", "remat", "devices", "mesh", "allreduce", "sfb", "microbatches",
-               "zero", "preset", "cp", "sequence_parallel", "stages", "schedule", "chunks",
+               "zero", "muon", "preset", "cp", "sequence_parallel", "stages", "schedule", "chunks",
                "stage_boundaries")  # fmt: skip
 
 

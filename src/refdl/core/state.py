@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 from flax import struct
 from jax.experimental import multihost_utils
 
@@ -63,3 +64,26 @@ def to_host(tree: PyTree) -> PyTree:
         return np.asarray(jax.device_get(x))
 
     return jax.tree.map(one, tree)
+
+
+def per_param(optimizer: Any, opt_state: PyTree, values: PyTree, other: Any) -> PyTree:
+    """The optimizer state's shape with each leaf that belongs to a parameter (a moment)
+    replaced by that parameter's entry of ``values`` (shaped like the parameters) and every
+    other leaf (a step count) by ``other``. Found by the leaf's path, so it holds where
+    ``optax.tree_map_params`` with a second tree does not: a state whose parts cover only
+    some parameters (Muon's matrices and AdamW's rest, masked)."""
+    marks = optax.tree_map_params(optimizer, lambda _: True, opt_state,
+                                  transform_non_params=lambda _: False)  # fmt: skip
+    flat = jax.tree_util.tree_flatten_with_path(values, is_leaf=lambda x: not isinstance(x, dict))
+    by_path = {jax.tree_util.keystr(p): v for p, v in flat[0]}
+
+    def one(path: tuple, mark: bool) -> Any:
+        if not mark:
+            return other
+        for i in range(len(path)):  # the longest suffix naming a parameter
+            found = by_path.get(jax.tree_util.keystr(path[i:]))
+            if found is not None:
+                return found
+        raise KeyError(f"no parameter at the end of {jax.tree_util.keystr(path)}")
+
+    return jax.tree_util.tree_map_with_path(one, marks)

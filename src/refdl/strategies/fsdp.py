@@ -29,7 +29,9 @@ paper's ``(2 + 2 + K) Psi`` split.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -44,7 +46,9 @@ from refdl.config.plan import Traits
 from refdl.core.layers import Embed, PositionalEmbed, batch_axis
 from refdl.core.losses import LOSSES
 from refdl.core.moe import step_stats, with_step_stats
+from refdl.core.optim import muon_dims, orthogonalized_by
 from refdl.core.state import TrainState, place, to_host
+from refdl.parallel.muon import muon_leaf_bytes, muon_shapes, orthogonalizer, owners, scheme_bytes
 from refdl.parallel.sharded import flat_pad, gather, gathered, padded, scatter, scattered, unflat
 from refdl.strategies.base import Batch, History, Strategy, last, memory_of, register
 
@@ -57,7 +61,7 @@ class FSDP(Strategy):
 
     traits = Traits(
         axes=("data",),
-        options=frozenset({"mesh", "zero"}),
+        options=frozenset({"mesh", "zero", "muon"}),
         multiprocess="spmd",
         shards_params=True,
         cost="zero_sharding",
@@ -71,6 +75,7 @@ class FSDP(Strategy):
         abstract = task.abstract_state()
         self.shapes = jax.tree.map(lambda a: a.shape, abstract.params)
         self.layers = task.model.split(range(1, len(task.model)))  # one sub-model per layer
+        self._muon(spec, abstract)
         flat = jax.tree.map(lambda a: jax.ShapeDtypeStruct((padded(a.size, self.p),), a.dtype),
                             abstract.params)  # fmt: skip
         # Replicated parameters (stages 1, 2) or their shards (3); the optimizer's state
@@ -116,6 +121,27 @@ class FSDP(Strategy):
         memory = memory_of(self._step)  # XLA's buffers inside the step
         self.temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
 
+    def _muon(self, spec: Any, abstract: TrainState) -> None:
+        """Muon's matrices and how a rank's flat shards of them are orthogonalized
+        (``--muon``, ``refdl.parallel.muon``); nothing without ``--optimizer muon``."""
+        self.muon_matrices: dict[str, tuple[int, ...]] = {}
+        self.orthogonalize = None
+        if spec.optimizer != "muon":
+            return
+        dims = muon_dims(self.task.logical_axes)(abstract.params)
+        self.muon_matrices = muon_shapes(dims, self.shapes)
+        sizes = {k: int(np.prod(v)) for k, v in self.muon_matrices.items()}
+        self.owner = owners(sizes, self.p)
+        self.orthogonalize = orthogonalizer(spec.muon, self.muon_matrices, self.owner, AXIS,
+                                            self.p)  # fmt: skip
+
+    def muon_bytes(self) -> int:
+        """Bytes the Muon scheme sends per step, summed over ranks (0 without Muon)."""
+        if not self.muon_matrices:
+            return 0
+        leaves = muon_leaf_bytes(self.muon_matrices, 4, self.p)
+        return scheme_bytes(self.spec.muon, leaves, self.p)
+
     # -- the state's layout ---------------------------------------------------------------------
 
     def to_layout(self, state: TrainState, abstract: bool = False) -> TrainState:
@@ -136,7 +162,10 @@ class FSDP(Strategy):
         params = state.params
         if self.stage.shards_params:
             params = jax.tree.map(shaped, params, self.shapes)
-        opt = optax.tree_map_params(self.task.optimizer, shaped, state.opt_state, self.shapes)
+        # leaf by leaf against the whole state's shapes (its masks, as Muon's, in the same
+        # places): a flat leaf takes its parameter's shape, a scalar stays
+        opt = jax.tree.map(lambda a, ref: a if np.shape(a) == ref.shape else shaped(a, ref.shape),
+                           state.opt_state, self.task.abstract_state().opt_state)  # fmt: skip
         return state.replace(params=params, opt_state=opt)
 
     def placed(self, tree: TrainState) -> TrainState:
@@ -194,7 +223,8 @@ class FSDP(Strategy):
         grads = stage.reduce(grads, self.p)
         grads = jax.tree.map(lambda g: g / (self.p * self.m), grads)  # the global mean
         shards = stage.shards_of(state.params, jax.lax.axis_index(AXIS), self.p)
-        updates, opt_state = self.task.optimizer.update(grads, state.opt_state, shards)
+        with orthogonalized_by(self.orthogonalize) if self.orthogonalize else _nothing():
+            updates, opt_state = self.task.optimizer.update(grads, state.opt_state, shards)
         shards = optax.apply_updates(shards, updates)
         params = stage.params_of(shards, self.shapes)
         new = state.replace(step=state.step + 1, params=params, model_state=model_state,
@@ -230,7 +260,7 @@ class FSDP(Strategy):
         if self.p == 1:
             return 0
         per_rank = self.stage.comm(self.padded_param_bytes(), self.m, self.lookup_param_bytes())
-        return (self.p - 1) * per_rank
+        return (self.p - 1) * per_rank + self.muon_bytes()
 
     def extra_metrics(self, state: TrainState) -> dict[str, Any]:
         """Bytes of the live parameter and optimizer-state arrays on the first device."""
@@ -273,6 +303,15 @@ class FSDP(Strategy):
         return {
             "mesh": self.plan.mesh.as_dict(),
             "zero": self.zero,
+            **(
+                {
+                    "muon": self.spec.muon,
+                    "muon_comm_bytes_per_step_analytic": self.muon_bytes(),
+                    "muon_owners": self.owner,
+                }
+                if self.muon_matrices
+                else {}
+            ),
             "microbatches": self.m,
             "comm_bytes_per_step": self.comm.get("total"),
             "comm_bytes_per_step_analytic": self.analytic_comm_bytes(),
@@ -281,6 +320,11 @@ class FSDP(Strategy):
             "memory_per_device": measured,
             "memory_per_device_analytic": self.analytic_memory(),
         }
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _apply_one(sub: Any, key: str, params: Any, state: Any, x: jax.Array):

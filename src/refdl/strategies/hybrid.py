@@ -27,7 +27,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -36,7 +35,7 @@ from refdl.config.plan import Plan, Traits
 from refdl.config.rules import degree, param_spec
 from refdl.core import conv
 from refdl.core.moe import moe_layers
-from refdl.core.state import TrainState, place
+from refdl.core.state import TrainState, per_param, place
 from refdl.parallel.context import LOAD_BALANCE, attention_bytes, attention_widths
 from refdl.parallel.expert import expert_bytes, expert_widths
 from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
@@ -104,13 +103,7 @@ class Hybrid(Strategy):
             state.params,
             self.task.logical_axes,
         )
-        opt = optax.tree_map_params(
-            self.task.optimizer,
-            lambda _, sh: sh,
-            state.opt_state,
-            params,
-            transform_non_params=lambda _: self.replicated,
-        )
+        opt = per_param(self.task.optimizer, state.opt_state, params, self.replicated)
         rep = lambda tree: jax.tree.map(lambda _: self.replicated, tree)  # noqa: E731
         return TrainState(
             step=self.replicated,

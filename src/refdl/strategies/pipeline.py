@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -45,7 +44,7 @@ from refdl.config.rules import param_spec
 from refdl.core import conv
 from refdl.core.losses import LOSSES
 from refdl.core.moe import loss_scale
-from refdl.core.state import TrainState, place
+from refdl.core.state import TrainState, per_param, place
 from refdl.parallel.schedule import build as build_schedule
 from refdl.parallel.schedule import device_of
 from refdl.parallel.tracing import batch_dims, in_order, token_order, traced_on
@@ -135,13 +134,7 @@ class Pipeline(Strategy):
             )
             for key in st.params
         }
-        opt = optax.tree_map_params(
-            self.task.optimizer,
-            lambda _, sh: sh,
-            st.opt_state,
-            params,
-            transform_non_params=lambda _: rep,
-        )
+        opt = per_param(self.task.optimizer, st.opt_state, params, rep)
         every = lambda tree: jax.tree.map(lambda _: rep, tree)  # noqa: E731
         return TrainState(rep, params, every(st.model_state), opt, rep, every(st.extras))
 

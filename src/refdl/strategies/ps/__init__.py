@@ -123,7 +123,7 @@ class ParameterServer(Strategy):
         self.per_update = self.w // spec.softsync_n if spec.softsync_n else 1
         updates = 1 if self.synchronous else self.w // self.per_update
         # One lr-schedule step per loop step: async/SSP apply W gradients per step.
-        self.opt, _ = make_optimizer_for(spec, updates)
+        self.opt, _ = make_optimizer_for(spec, updates, task.logical_axes)
         params = task.model.abstract_params(task.sample_x)
         self.layout = Layout(params, self.k)
         self.n_params = param_count(params)
