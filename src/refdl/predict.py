@@ -216,7 +216,15 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compress", help="decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4]"
     )
-    p.add_argument("--optimizer", default="momentum", help="sgd, momentum or adam (state size)")
+    p.add_argument(
+        "--optimizer", default="momentum", help="sgd, momentum, adam or muon (state size)"
+    )
+    p.add_argument(
+        "--muon",
+        default="gather",
+        help="fsdp with --optimizer muon: gather (every rank orthogonalizes every matrix) "
+        "or owner (one rank per matrix)",
+    )
     p.add_argument(
         "--overlap",
         type=float,
@@ -268,6 +276,7 @@ def _step_main(argv: list[str]) -> int:
             topology=args.topology,
             compress=args.compress,
             optimizer_words=words[args.optimizer],
+            muon=args.muon if args.optimizer == "muon" else None,
             overlap=0.0 if args.overlap is None else args.overlap,
             cp=args.cp,
             sequence_parallel=args.sequence_parallel,

@@ -54,7 +54,7 @@ def _opt(default: Any, value: Any) -> Any:
 
 
 # fp32 words of optimizer state a parameter carries (momentum's velocity; Adam's two moments)
-OPTIMIZER_WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
+OPTIMIZER_WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2, "muon": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,8 @@ class PredictOptions:
     compress: Compression | None = _opt(None, Optional(Parsed(Compression, "topk:0.01")))  # noqa: RUF009
     # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     optimizer_words: int = _opt(1, Int(min=0, max=8))
+    # Muon (refdl.perf.muon): None without it; fsdp's scheme, gather or owner
+    muon: str | None = _opt(None, Optional(Choice(("gather", "owner"))))
     # share of the step's compute that communication may hide behind
     overlap: float = _opt(0.0, Float(min=0.0, max=1.0))
     # data: overlap the gradient allreduce with the backward pass in buckets of this many

@@ -67,6 +67,11 @@ def formula_of(traits: Any) -> CostFormula:
 ALLREDUCE_ALIASES = {"xla": "ring", "halving-doubling": "rabenseifner"}
 
 
+def link_of(hw: Any, workers: int, opts: PredictOptions) -> Any:
+    """The alpha-beta link a formula prices ``workers`` ranks on (``_link``)."""
+    return _link(hw, workers, opts) if workers > 1 else None
+
+
 def _link(hw, workers: int, opts: PredictOptions):
     """The alpha-beta link for ``workers`` ranks: the profile's choice, or ``opts.link``."""
     if opts.link is not None:

@@ -20,8 +20,8 @@ from refdl import hw
 from refdl.config.plan import Traits
 from refdl.config.values import Choice, Int
 from refdl.errors import UsageError
-from refdl.perf import PredictOptions, architectures, intervals
-from refdl.perf.costs import FORMULAS, formula_of
+from refdl.perf import PredictOptions, architectures, intervals, muon
+from refdl.perf.costs import FORMULAS, formula_of, link_of
 from refdl.perf.model_cost import model_cost
 from refdl.perf.overlap import DDP_BUCKET_BYTES
 
@@ -90,19 +90,31 @@ def predict_steps(
         "full_overlap": (expected_hw, dataclasses.replace(plain, overlap=1.0)),
     }
     rows: list[dict[str, Any]] = []
-    base = None
-    for w in workers:
+
+    def cost(h: Any, o: PredictOptions, w: int) -> Any:
+        """Worker count ``w``'s step: one device's formula where a strategy on one worker
+        is one device; Muon's terms added (``refdl.perf.muon``)."""
         batch = batch_size * w if scaling == "weak" else batch_size
         if w == 1 and (traits.replicas or bool(traits.axes)) and not traits.pipeline:
-            f, wk = FORMULAS.get("one_device"), 1
+            name, f = "one_device", FORMULAS.get("one_device")
         else:
-            f, wk = formula, w
-        c = f(m, expected_hw, batch, wk, opts)
-        other = {k: f(m, h, batch, wk, o).step_time_s for k, (h, o) in variants.items()}
+            name, f = traits.cost or "", formula
+        c = f(m, h, batch, w, o)
+        return c if o.muon is None else muon.priced(name, c, m, h, w, o.muon, link_of(h, w, o))
+
+    # the speed-up is over one worker, priced here when no row asks for one (where one
+    # worker cannot run the strategy's layout, over the first row, as before)
+    try:
+        one = batch_size / cost(expected_hw, opts, 1).step_time_s
+    except UsageError:
+        one = None
+    for w in workers:
+        batch = batch_size * w if scaling == "weak" else batch_size
+        c = cost(expected_hw, opts, w)
+        other = {k: cost(h, o, w).step_time_s for k, (h, o) in variants.items()}
         throughput = batch / c.step_time_s
-        if base is None:
-            base = (w, throughput)
-        speedup = throughput / base[1] * base[0]
+        one = one or throughput / w
+        speedup = throughput / one
         rows.append(
             {
                 "hw": profile.name,
