@@ -140,7 +140,9 @@ def test_quantized_sums_are_unbiased(bits, worst, algorithm):
     "compress, algo, p, rounds",
     [
         ("topk:0.01", "sparse", 4, ["sparse", "sparse"]),
-        ("topk:0.05,q4", "sparse", 4, ["sparse", "sparse"]),
+        pytest.param(
+            "topk:0.05,q4", "sparse", 4, ["sparse", "sparse"], marks=pytest.mark.slow
+        ),  # 6 s: slow since 2026-11-26 (the suite's 15 min)
         ("topk:0.05,q4", "sparse-split", 6, ["sparse", "dense"]),
     ],
 )

@@ -59,6 +59,7 @@ MLP = ("--model", "mlp", "--checkpoint-every", "5", "--log-every", "1", "--eval-
        "--no-progress")  # fmt: skip
 
 
+@pytest.mark.slow  # slow since 2026-11-26: the default suite took 15 min 33 s
 def test_links_at_every_lock_and_temporary_are_never_written_through(tmp_path):
     """The acceptance of issue 32: a run, then its resume, with links planted at every
     lock and temporary name (a fresh run first, then the resumed one with links also in

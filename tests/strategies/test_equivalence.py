@@ -112,8 +112,7 @@ SLOW_FOR_MLP = {
     "hybrid-devices=8-mesh=data=4,model=2",
     "model-devices=4",
 }
-DEFAULT_FOR_LENET = {
-    "data-devices=8-allreduce=ring",
+DEFAULT_FOR_LENET = {  # data ring (7 s) slow since 2026-11-26 (mlp keeps it): the suite's time
     "model-devices=4",
     "hybrid-devices=8-mesh=data=2,model=2,pipe=2-microbatches=2",
     "fsdp-devices=4-zero=3-microbatches=2",

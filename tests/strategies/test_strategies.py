@@ -264,6 +264,7 @@ def test_bad_pipeline_settings(kw, message):
     assert_usage_error(kw, message)
 
 
+@pytest.mark.slow  # slow since 2026-11-26: the default suite took 15 min 33 s
 def test_pipeline_cli_reports_bubbles_and_draws_the_schedule(tmp_path):
     proc = run_cli(
         "--strategy",
