@@ -51,3 +51,21 @@ def test_library_refusals_name_arguments_not_flags(tmp_path):
     assert "--" not in message
     with pytest.raises(refdl.UsageError, match=r"warmup_steps=50 is beyond steps=2"):
         refdl.run_steps(refdl.RunSpec(model="mlp", steps=2, warmup_steps=50), 1)
+
+
+def test_the_library_pages_model_recipe_is_the_examples():
+    """Issue 54: docs/library.md's custom-model recipe and examples/custom_model.py had
+    drifted apart; the page's build and registration are the example's, line for line."""
+    import re
+
+    page = (ROOT / "docs" / "library.md").read_text()
+    block = page.split("## A model of your own", 1)[1].split("```python", 1)[1].split("```")[0]
+    example = (ROOT / "examples" / "custom_model.py").read_text()
+    plain = lambda text: [re.sub(r"\s+#.*$", "", ln).strip() for ln in text.splitlines()]  # noqa: E731
+    lines = [ln for ln in plain(block) if ln]
+    wanted = lines[
+        lines.index("def build(info, width: int = 8, hidden: int = 32) -> Sequential:") :
+    ]
+    have = set(plain(example))
+    missing = [ln for ln in wanted if ln not in have and not ln.startswith("refdl.assert")]
+    assert not missing, missing

@@ -30,6 +30,20 @@ def test_off_a_terminal_progress_is_plain_lines_with_count_share_and_time_left(c
     assert counted[-1].startswith("job: 40/40 steps (100 %)")  # the last word: where it got
 
 
+def test_the_time_left_leaves_out_the_first_steps_compilation(capsys):
+    """Issue 54: "282 s left" on a 45 s run - the first step (its compilation) was counted
+    as a typical one. A 0.5 s first unit, then 0.01 s units: about 0.1 s left of 10."""
+    bar = Progress(20, "job", unit="step", every_s=1e9)  # lines only when asked
+    time.sleep(0.5)
+    bar.update(1)
+    for _ in range(9):
+        time.sleep(0.01)
+        bar.update(1)
+    bar._line(time.monotonic())
+    left = float(re.search(r", ([\d.]+) s left", capsys.readouterr().err).group(1))
+    assert left < 0.5  # counting the first unit would say ~ (10 x 0.59 / 10) = 0.6 s
+
+
 @pytest.mark.slow
 def test_a_long_train_writes_progress_lines_to_a_file(tmp_path):
     proc = run_cli("--model", "resnet", "--steps", "400", "--eval-every", "0", "--out",

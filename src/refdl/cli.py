@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import sys
 from typing import Any, NoReturn
 
@@ -14,12 +15,26 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, name: str = "refdl", **kwargs: Any) -> None:
         self.name = name
-        kwargs.setdefault("prog", f"python -m {name}")
+        kwargs.setdefault("prog", name.replace("refdl.", "refdl ", 1))  # as the README writes it
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.name}: error: {message} (see --help)", file=sys.stderr)
+        print(f"{self.name}: error: {message}{self._did_you_mean(message)} (see --help)",
+              file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
+
+    def _did_you_mean(self, message: str) -> str:
+        """``; did you mean --strategy?`` for an unrecognized flag close to a known one."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        guesses = []
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--"):
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                guesses += [f"{close[0]} (not {flag})"] if close else []
+        return f"; did you mean {', '.join(guesses)}?" if guesses else ""
 
     def sub_parsers(self, **kwargs: Any) -> Any:
         """``add_subparsers`` whose parsers report errors the same way, under this name."""

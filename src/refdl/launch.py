@@ -72,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         if slots is not None and ranks > slots:
             raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
                              "raise their RANKS or lower -n")  # fmt: skip
+        if args.command == "train":  # its flags checked once here, not once per rank
+            from refdl.train import PROG, check_flags
+
+            try:
+                check_flags(args.args)
+            except UsageError as e:
+                print(f"{PROG}: error: {e}", file=sys.stderr)
+                return 2
         return launch(ranks, ["-m", COMMANDS[args.command], *args.args], hosts, agent)
     except UsageError as e:
         p.error(str(e))

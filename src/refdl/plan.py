@@ -60,12 +60,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _count(n: float) -> str:
+    """A parameter count a person reads: 85,738 / 124 M / 175 B."""
+    if n >= 1e9:
+        return f"{n / 1e9:.3g} B"
+    return f"{n / 1e6:.3g} M" if n >= 1e6 else f"{int(n):,}"
+
+
 def show(record: dict[str, Any]) -> None:
     """The table ``refdl plan`` prints."""
     seq = f" x {record['seq_len']} tokens" if record["seq_len"] else ""
     limit = record["memory_limit_bytes"]
     limit_text = f", memory limit {limit / 1e9:.3g} GB" if limit else ""
-    print(f"{record['model']} ({record['params'] / 1e9:.3g} B parameters) on {record['hw']}, "
+    print(f"{record['model']} ({_count(record['params'])} parameters) on {record['hw']}, "
           f"{record['devices']} devices, batch {record['global_batch']}{seq}"
           f"{limit_text}")  # fmt: skip
     found = record["configurations"]

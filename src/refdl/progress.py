@@ -1,5 +1,6 @@
 """Progress on long commands, seen wherever the output goes: a tqdm bar on a terminal,
-plain lines otherwise (a log, CI, ``| tee``), never silence.
+plain lines otherwise (a log, CI, ``| tee``), never silence. The time left is estimated
+from the units after the first (a first training step includes its compilation).
 
 ``Progress(total, what)`` has tqdm's ``update``, ``set_postfix``, ``write`` and
 ``close``; off a terminal it prints ``what: 120/300 (40 %), loss 0.41, 9 s left`` at
@@ -32,6 +33,7 @@ class Progress:
         self.every_s, self.postfix = every_s, ""
         self.t0 = self.last = time.monotonic()
         self.start = initial
+        self.first: tuple[float, int] | None = None  # when the first unit ended, and n then
         self.bar = None
         if on_terminal():
             from tqdm import tqdm
@@ -41,6 +43,8 @@ class Progress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if self.first is None:
+            self.first = (time.monotonic(), self.n)
         if self.bar is not None:
             self.bar.update(n)
             return
@@ -50,8 +54,9 @@ class Progress:
             self._line(now)
 
     def _line(self, now: float) -> None:
-        done = self.n - self.start
-        left = (self.total - self.n) * (now - self.t0) / done if done else None
+        t1, n1 = self.first or (self.t0, self.start)
+        done = self.n - n1  # the units after the first: its compilation left out
+        left = (self.total - self.n) * (now - t1) / done if done > 0 else None
         eta = f", {left:.0f} s left" if left is not None and self.n < self.total else ""
         pct = f" ({100 * self.n / self.total:.0f} %)" if self.total else ""
         post = f", {self.postfix}" if self.postfix else ""

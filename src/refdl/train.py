@@ -52,6 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_flags(argv: list[str]) -> None:
+    """The flags' own checks, without training: ``refdl launch`` runs them once, before it
+    starts any rank, so bad input is one line and not one per rank (raises UsageError; a
+    bad flag exits 2 from the parser)."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "list", False):
+        return
+    from refdl.config.spec import RunSpec
+    from refdl.run.settings import run_settings
+
+    settings = run_settings(given_settings(args), getattr(args, "config", None), PROG)
+    RunSpec.from_dict(settings, "the flags")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, train, print where the results are; returns the exit status."""
     STOPPER.install(exit_as=PROG)  # SIGINT/SIGTERM from here on: one line, 130/143

@@ -145,3 +145,18 @@ def test_sigint_under_mpirun_checkpoints_on_rank_0_and_ends_every_rank(tmp_path,
                          env=processes.mpirun_env())  # fmt: skip
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert summary(out)["params_l2_norm"] == summary(tmp_path / "ref")["params_l2_norm"]
+
+
+def test_bad_train_flags_under_launch_are_one_line_before_any_rank(tmp_path):
+    """Issue 54: ``refdl launch -n 3 train --ps-mode asink`` printed the error once per
+    rank and mpirun's banner; the launcher now checks the flags once and starts nothing."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "refdl.launch", "-n", "3", "train",
+                           "--strategy", "ps", "--ps-mode", "asink", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "refdl.train: error: --ps-mode must be one of sync, async, ssp, hierarchical, softsync "
+        "(got 'asink'); did you mean async?"
+    ]
+    assert not out.exists()

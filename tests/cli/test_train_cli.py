@@ -25,6 +25,7 @@ BAD = [
     (["--devices", "2"], "--strategy single runs on one device, not 2"),
     (["--model", "lstm_lm", "--dataset", "digits"], "model 'lstm_lm' needs a tokens data set"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--stratgy", "data"], "--stratgy data; did you mean --strategy (not --stratgy)?"),
 ]
 
 

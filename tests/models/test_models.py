@@ -145,3 +145,23 @@ def test_an_option_this_xla_does_not_know_is_dropped_not_an_error():
     assert task.compiler_options("cpu") == {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"
     }
+
+
+def test_a_build_of_the_wrong_shape_is_refused_in_one_line():
+    """Issue 54: ``ModelDef(build=lambda hidden=32: ...)`` ended in a raw JAX TypeError;
+    a build that cannot take ``(info, **options)`` or returns no Sequential is named."""
+    from refdl.config.values import Int, Option
+    from refdl.data import load_dataset
+    from refdl.errors import UsageError
+    from refdl.models.base import ModelDef
+
+    info = load_dataset("digits", None, {}).info
+    opts = {"hidden": Option(32, Int(1, 99), "width")}
+    no_info = ModelDef(name="no_info", build=lambda hidden=32: None, data_kind="image",
+                       options=opts, defaults={})  # fmt: skip
+    with pytest.raises(UsageError, match=r"^model 'no_info': build must take \(info, \*\*opt"):
+        no_info.make(info)
+    not_seq = ModelDef(name="not_seq", build=lambda info, hidden=32: [hidden],
+                       data_kind="image", options=opts, defaults={})  # fmt: skip
+    with pytest.raises(UsageError, match=r"^model 'not_seq': build returned a list, not a"):
+        not_seq.make(info)

@@ -291,3 +291,14 @@ def test_a_log_that_trained_on_its_test_rows_can_say_so():
     held = load_dataset("digits", None, {"split": "3"})
     assert full.info.train_size == 1797 and held.info.train_size == 1437
     assert full.info.test_size == held.info.test_size == 360
+
+
+def test_an_exported_starts_own_keys_are_known():
+    """Issue 54: a log that copies start.json's configuration was warned "unknown
+    configuration key 'data_opts'", a key refdl writes itself; it is read and rerun now."""
+    from refdl.validate.results import _spec, declared
+
+    config = {"model": "mlp", "data_opts": {"size": "8"}, "start": "0123abcd"}
+    _assumed, warnings = declared(config)
+    assert not any("data_opts" in w for w in warnings), warnings
+    assert _spec(config, 5).data_opts == (("size", "8"),)

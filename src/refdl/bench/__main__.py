@@ -30,7 +30,7 @@ def _simulated_devices() -> None:
 
 def run_main(argv: list[str]) -> int:
     """``bench run``: one or more recipes; exit 1 when any metric misses its bounds."""
-    ap = argparse.ArgumentParser(prog="python -m refdl.bench run")
+    ap = argparse.ArgumentParser(prog="refdl bench run")
     ap.add_argument("recipes", nargs="+", help="recipe TOML files")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="change a mutable key of the recipe")  # fmt: skip

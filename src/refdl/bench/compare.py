@@ -197,7 +197,7 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m refdl.bench compare",
+    ap = argparse.ArgumentParser(prog="refdl bench compare",
                                  description=__doc__.split("\n")[0])  # fmt: skip
     ap.add_argument("--frameworks", default="refdl,torch")
     ap.add_argument("--model", default="lenet5")

@@ -137,9 +137,7 @@ def print_table(r: dict[str, Any], top: int = 8) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m refdl.bench op-profile", description=__doc__.split("\n")[0]
-    )
+    ap = argparse.ArgumentParser(prog="refdl bench op-profile", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="lenet5")
     ap.add_argument("--hw", default="local", help="hardware profile (name or TOML path)")
     ap.add_argument("--batch-size", type=int, default=64)

@@ -256,7 +256,7 @@ def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m refdl.bench predict-vs-measure", description=__doc__.split("\n")[0]
+        prog="refdl bench predict-vs-measure", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per round")

@@ -560,7 +560,8 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=PROG.replace("refdl.", "refdl ", 1),
+                                 description=__doc__.splitlines()[0])  # fmt: skip
     ap.add_argument("--data", default=str(DATA), help="measurements TOML")
     ap.add_argument("--json", action="store_true", help="summary and every point as JSON")
     ap.add_argument("--plot", metavar="FILE.png", help="predicted vs published, log-log")

@@ -256,7 +256,8 @@ def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None
         raise UsageError(f"recipe {recipe.name}: the run refused its settings: {last}")
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise RecipeFailed(f"recipe {recipe.name}: the run failed (exit {proc.returncode}): {last}")
+        raise RecipeFailed(f"recipe {recipe.name}: the run failed (exit {proc.returncode}): "
+                           f"{last}; its files are in {out_dir}")  # fmt: skip
     summary, rows = read_run(out_dir)
     metrics = from_run(summary, rows, recipe.options.get("target_accuracy"))
     checks = check(recipe, metrics)

@@ -17,6 +17,7 @@ ValueError: a finite number > 0 (got 'nan')
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from typing import Any
@@ -97,7 +98,11 @@ class Choice:
     options: tuple[str, ...]
 
     def problem(self, v: Any) -> str | None:
-        return None if v in self.options else f"one of {', '.join(self.options)} (got {v!r})"
+        if v in self.options:
+            return None
+        close = difflib.get_close_matches(str(v), self.options, n=1, cutoff=0.6)
+        guess = f"; did you mean {close[0]}?" if close else ""
+        return f"one of {', '.join(self.options)} (got {v!r}){guess}"
 
     def parse(self, raw: str) -> str:
         if msg := self.problem(str(raw).strip()):

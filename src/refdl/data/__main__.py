@@ -18,7 +18,7 @@ from refdl.errors import UsageError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m refdl.data",
+        prog="refdl data",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

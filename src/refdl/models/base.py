@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,18 @@ class ModelDef:
                 f"{info.name!r} holds {info.kind}; pick another --dataset"
             )
         opts = parse_options(self.options, overrides or {}, f"model {self.name!r}", "--model-opt")
-        return self.build(info, **opts)
+        try:
+            inspect.signature(self.build).bind(info, **opts)
+        except TypeError as e:
+            raise UsageError(
+                f"model {self.name!r}: build must take (info, **options) - the data set's "
+                f"description, then one keyword per declared option ({e})"
+            ) from None
+        model = self.build(info, **opts)
+        if not isinstance(model, Sequential):
+            raise UsageError(f"model {self.name!r}: build returned a {type(model).__name__}, "
+                             "not a refdl.core.layers.Sequential")  # fmt: skip
+        return model
 
 
 MODELS: Registry[ModelDef] = Registry("model")

@@ -390,6 +390,16 @@ def why_first(a: Priced, b: Priced) -> str:
     keys = sorted(set(a.terms) | set(b.terms))
     diffs = sorted(((a.terms.get(k, 0.0) - b.terms.get(k, 0.0), k) for k in keys),
                    key=lambda d: abs(d[0]), reverse=True)  # fmt: skip
-    said = [f"{k} {d * 1e3:+.1f} ms" for d, k in diffs[:3] if abs(d) > 1e-9]
-    gap = (b.step_time_s - a.step_time_s) * 1e3
-    return f"{gap:.1f} ms faster than the next ({'; '.join(said) or 'the same terms'})"
+    said = [f"{k} {_ms(d, sign=True)}" for d, k in diffs[:3] if abs(d) > 1e-9]
+    gap = b.step_time_s - a.step_time_s
+    if gap <= 0:
+        return f"as fast as the next ({'; '.join(said) or 'the same terms'}): a tie"
+    return f"{_ms(gap)} faster than the next ({'; '.join(said) or 'the same terms'})"
+
+
+def _ms(seconds: float, sign: bool = False) -> str:
+    """A time difference in ms, or in us below 0.1 ms (never "0.0 ms")."""
+    plus = "+" if sign else ""
+    if abs(seconds) >= 1e-4:
+        return f"{seconds * 1e3:{plus}.1f} ms"
+    return f"{seconds * 1e6:{plus}.2g} us"

@@ -286,7 +286,9 @@ class _Loop:
         s, done = self.spec, step.done
         if self.bar is not None:
             sps = f"{self.run.spec.batch_size / step.seconds:.0f}"
-            self.bar.set_postfix(loss=f"{self.history['loss'][-1]:.4f}", sps=sps, refresh=False)
+            # the last batch's loss, named so (the logged lines show a mean of several)
+            self.bar.set_postfix(batch_loss=f"{self.history['loss'][-1]:.4f}", sps=sps,
+                                 refresh=False)  # fmt: skip
         evaluated = s.eval_every and (done % s.eval_every == 0 or done == s.steps)
         if evaluated:
             host = self.strategy.gather_state(self.state)  # collective across ranks

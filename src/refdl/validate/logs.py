@@ -82,6 +82,17 @@ INITS = {
     "keras_default": "keras",
     "glorot_uniform": "keras",
 }
+
+
+class _DataOptions:
+    """A data set's options as ``start.json`` writes them (``{"KEY": VALUE}``)."""
+
+    def problem(self, v: Any) -> str | None:
+        ok = isinstance(v, dict) and all(isinstance(k, str) for k in v)
+        ok = ok and all(isinstance(x, str | int | float | bool) for x in v.values())
+        return None if ok else 'an object of "KEY": VALUE (as start.json\'s data_opts)'
+
+
 CONFIG_VALUES = {
     "model": Text(),
     "strategy": Text(),
@@ -98,6 +109,7 @@ CONFIG_VALUES = {
     "dtype": Choice(("float32", "float16", "bfloat16", "float64")),
     "init": Choice(tuple(INITS)),
     "dataset": Text(),
+    "data_opts": _DataOptions(),
     "preprocessing": Text(),
     "data_order": Text(),
     "split": Choice(("refdl", "own", "all")),

@@ -114,8 +114,11 @@ def _spec(config: dict[str, Any], steps: int) -> RunSpec:
     if config.get("loss_reduction") == "sum" and "lr" in config:
         kw["lr"] = config["lr"] * int(config.get("batch_size", 64))
     kw["init"] = INITS[config.get("init", "refdl")]
+    opts = tuple((str(k), str(v)) for k, v in config.get("data_opts", {}).items())
     if config.get("split") == "all":  # the test rows trained on too: so do refdl's seeds
-        kw["data_opts"] = (("train_on_test", "1"),)
+        opts = (*opts, ("train_on_test", "1"))
+    if opts:
+        kw["data_opts"] = opts
     # refdl's seeds are 0 .. K-1 whatever the log's seed: the framework's seed draws from
     # its own generator, so it says nothing about refdl's (and a configuration's seeds are
     # computed once, --seed-cache).
