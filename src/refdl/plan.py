@@ -100,20 +100,23 @@ def draw(record: dict[str, Any], path: str) -> None:
 
     found = record["configurations"]
     names = sorted({k for c in found for k in c["terms_s"]})
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(found) + 1.5))
+    fig, ax = plt.subplots(figsize=(11, 0.9 * len(found) + 1.5))
     left = [0.0] * len(found)
     for k in names:
         widths = [c["terms_s"].get(k, 0.0) for c in found]
-        ax.barh(range(len(found)), widths, left=left, label=k)
+        ax.barh(range(len(found)), widths, height=0.5, left=left, label=k)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, c in enumerate(found):
         if c["step_time_low_s"] is not None:
             ax.plot([c["step_time_low_s"], c["step_time_high_s"]], [i, i], "k-", lw=1)
-    ax.set_yticks(range(len(found)), [c["description"] for c in found], fontsize=7)
-    ax.invert_yaxis()
+    # short tick labels; each configuration's words printed under its bar, never cut off
+    ax.set_yticks(range(len(found)), [f"#{i + 1}" for i in range(len(found))], fontsize=8)
+    for i, c in enumerate(found):
+        ax.text(0, i + 0.3, c["description"], fontsize=7, va="top")  # under its bar
+    ax.set_ylim(len(found) - 0.2, -0.6)  # room for the words under the last bar
     ax.set_xlabel("seconds per step (terms; line: stated 80 % interval)")
     ax.set_title(f"{record['model']} on {record['devices']} x {record['hw']}", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
