@@ -33,7 +33,9 @@ SMALL = {
 @pytest.mark.parametrize(
     "name",  # lenet5 and transformer slow too since 2026-11-26 (the default suite's 15 min)
     [
-        pytest.param(n, marks=pytest.mark.slow) if n in ("resnet", "lenet5", "transformer") else n
+        pytest.param(n, marks=pytest.mark.slow)
+        if n in ("resnet", "lenet5", "transformer", "lstm_lm")  # lstm_lm (13 s) too since 11-26
+        else n
         for n in sorted(SMALL)
     ],
 )

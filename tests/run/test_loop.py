@@ -86,7 +86,7 @@ def test_small_resnet_loss_falls(tmp_path):
 @pytest.mark.parametrize(
     "model,opts",
     [
-        ("lstm_lm", (("hidden", "64"),)),
+        pytest.param("lstm_lm", (("hidden", "64"),), marks=pytest.mark.slow),  # 9 s: suite's time
         pytest.param(
             "transformer", (("d_model", "64"), ("mlp_dim", "128")), marks=pytest.mark.slow
         ),

@@ -57,6 +57,7 @@ def runs(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # 24 s: slow since 2026-11-26 (the default suite's time); refusals stay
 @pytest.mark.parametrize("optimizer", ["adam", pytest.param("momentum", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "layout",

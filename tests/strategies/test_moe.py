@@ -89,6 +89,7 @@ def test_moe_layer_equals_a_loop_over_experts_in_value_and_gradient():
     assert not np.allclose(grads[0]["router"], no_aux["router"], rtol=1e-3)
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite took 17 min 34 s on a slow day)
 def test_capacity_drops_the_same_tokens_in_any_order():
     """A sequence's drops depend on it alone, first choices first, then by position: the
     same choices held in a permuted order (context parallelism's zig-zag) keep the same

@@ -132,7 +132,8 @@ def test_muon_on_the_transformer_equals_single_in_fp64(layout):
     assert rel_l2(run_steps(RunSpec(**base, **layout)), ref) < 1e-10
 
 
-@pytest.mark.parametrize("scheme,zero", [("gather", 3), ("owner", 1)])
+@pytest.mark.parametrize("scheme,zero", [pytest.param("gather", 3, marks=pytest.mark.slow),
+                                         ("owner", 1)])  # fmt: skip
 def test_fsdp_muon_bytes_equal_the_formula(scheme, zero):
     """gather: an all-gather of every Muon matrix, (P-1) Psi_muon; owner: point-to-point
     to the owner and back, 2 (P-1)/P Psi_muon (the compiled program's count)."""

@@ -187,6 +187,7 @@ def test_decentralized_ring_consensus_distance_is_reported(tmp_path):
 CHOCO = {"model": "mlp", "strategy": "decentralized", "topology": "ring"}
 
 
+@pytest.mark.slow  # slow since 2026-11-26 (the default suite took 17 min 34 s on a slow day)
 def test_compressed_gossip_of_every_entry_with_gamma_one_is_the_exact_mixing():
     """``topk:1`` sends a replica's whole change, so every public copy is its replica; with
     gamma 1 the step is the uncompressed ATC step (fp32, rtol 1e-5 / atol 1e-6)."""

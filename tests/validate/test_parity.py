@@ -138,9 +138,9 @@ def test_the_benchmark_measures_pairs_and_bugs(tmp_path):
 
     from conftest import ROOT
 
-    proc = subprocess.run([sys.executable, "scripts/bench_parity.py", "--quick", "--out",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, "scripts/bench_parity.py", "--quick", "--steps",
+                           "50", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "parity_quick.json").read_text())
     assert r["rule"] == parity.rule_fingerprint() and r["false_alarms"]["n"] == 3
