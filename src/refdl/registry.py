@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -37,8 +38,10 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
+            close = difflib.get_close_matches(str(name), self.names(), n=1, cutoff=0.6)
+            guess = f"; did you mean {close[0]}?" if close else ""
             raise UsageError(
-                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}{guess}"
             ) from None
 
     def names(self) -> list[str]:

@@ -72,17 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from refdl.config.spec import RunSpec
-        from refdl.parallel.processes import keep_freed_memory, settle_before_exit
-        from refdl.run.catalog import print_list
-        from refdl.run.loop import fit
         from refdl.run.settings import run_settings
 
         if getattr(args, "list", False):
+            from refdl.run.catalog import print_list
+
             return print_list() or 0
         settings = run_settings(given_settings(args), getattr(args, "config", None), PROG)
+        spec = RunSpec.from_dict(settings, "the flags")
+        from refdl.models import MODELS
+        from refdl.strategies import STRATEGIES
+
+        STRATEGIES.get(spec.strategy), MODELS.get(spec.model)  # named before the loop loads
+        # the training loop (and the event writer's tensorboardX, which loads torch) only
+        # once the flags passed their own checks: a typo costs no second of imports more
+        from refdl.parallel.processes import keep_freed_memory
+        from refdl.run.loop import fit
+
         keep_freed_memory()  # a step's large temporaries reused, not faulted in every step
-        summary = fit(RunSpec.from_dict(settings, "the flags"))
+        summary = fit(spec)
     except UsageError as e:
+        from refdl.parallel.processes import settle_before_exit
+
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         settle_before_exit()  # every rank prints its line before the launcher ends
         return 2
