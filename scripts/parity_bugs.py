@@ -26,8 +26,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import refdl
-from refdl.core.layers import SequenceShard, sequence_shard
-from refdl.parallel.context import _block, context_shard
+from refdl.core.layers import SequenceShard
+from refdl.parallel.context import _block
 from refdl.strategies import STRATEGIES
 from refdl.strategies.context import ContextParallel
 from refdl.strategies.pipeline import Pipeline
@@ -179,17 +179,8 @@ class ContextBug(ContextParallel):
 
     bug: ClassVar[str] = "cp_mask_order"
 
-    def _local_step(self, state: Any, batch: Any) -> tuple[Any, Any]:
-        with sequence_shard(self._shard()):
-            loss, grads, model_state = self.task.accumulated_grads(
-                state.params, state.model_state, batch, self.plan.microbatches
-            )
-        grads = jax.lax.pmean(grads, "context")
-        state = self.task.apply_gradients(state, grads, model_state)
-        return state, {"loss": jax.lax.pmean(loss, "context")}
-
-    def _shard(self) -> SequenceShard:
-        right = context_shard(self.spec.cp, "context", self.order)
+    def sequence_view(self) -> SequenceShard:
+        right = super().sequence_view()
         if self.bug == "cp_local_positions":
             local = self.order.shape[1]
             return SequenceShard(lambda _t: jnp.arange(local), right.attention)

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         from refdl.models import MODELS
         from refdl.strategies import STRATEGIES
 
-        STRATEGIES.get(spec.strategy), MODELS.get(spec.model)  # named before the loop loads
+        STRATEGIES.get(spec.strategy)  # an unknown name is refused before the loop loads
+        MODELS.get(spec.model)
         # the training loop (and the event writer's tensorboardX, which loads torch) only
         # once the flags passed their own checks: a typo costs no second of imports more
         from refdl.parallel.processes import keep_freed_memory

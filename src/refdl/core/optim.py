@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -147,7 +148,7 @@ def orthogonal_update(m: jax.Array, dims: MuonDimensionNumbers) -> jax.Array:
     red, out = tuple(dims.reduction_axis), tuple(dims.output_axis)
     batch = tuple(i for i in range(m.ndim) if i not in red + out)
     moved = jnp.transpose(m, batch + red + out)
-    fan_in, fan_out = _size(m, red), _size(m, out)
+    fan_in, fan_out = math.prod(m.shape[i] for i in red), math.prod(m.shape[i] for i in out)
     mats = moved.reshape((-1, fan_in, fan_out))
     done = jax.vmap(newton_schulz)(mats) * max(1.0, fan_out / fan_in) ** 0.5
     back = done.reshape(moved.shape)
@@ -227,13 +228,6 @@ def muon(
     )
     rest = optax.adamw(schedule, weight_decay=weight_decay)
     return optax.partition({"muon": matrices, "adamw": rest}, labels)
-
-
-def _size(x: Any, axes: Any) -> int:
-    n = 1
-    for a in (axes,) if isinstance(axes, int) else axes:
-        n *= x.shape[a]
-    return n
 
 
 def make_optimizer(

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from refdl.comm.allreduce import analytic_bytes
 from refdl.comm.measure import collective_bytes
 from refdl.config.plan import Traits
-from refdl.core.layers import param_count, sequence_shard
+from refdl.core.layers import SequenceShard, param_count, sequence_shard
 from refdl.core.state import TrainState, place
 from refdl.parallel.context import (
     LOAD_BALANCE,
@@ -75,13 +75,18 @@ class ContextParallel(Strategy):
 
     def _local_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
         """One device's step: its pieces of the sequences in, the replicated new state out."""
-        with sequence_shard(context_shard(self.spec.cp, AXIS, self.order)):
+        with sequence_shard(self.sequence_view()):
             loss, grads, model_state = self.task.accumulated_grads(
                 state.params, state.model_state, batch, self.plan.microbatches
             )
         grads = jax.lax.pmean(grads, AXIS)
         state = self.task.apply_gradients(state, grads, model_state)
         return state, {"loss": jax.lax.pmean(loss, AXIS)}
+
+    def sequence_view(self) -> SequenceShard:
+        """How the model sees this device's piece of each sequence: its positions and the
+        attention across pieces (``--cp``)."""
+        return context_shard(self.spec.cp, AXIS, self.order)
 
     def place_state(self, host_state: TrainState) -> TrainState:
         return place(host_state, self.replicated)

@@ -29,9 +29,8 @@ paper's ``(2 + 2 + K) Psi`` split.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import jax
@@ -73,6 +72,7 @@ class FSDP(Strategy):
         self.stage = STAGES[spec.zero]  # what the stage shards and where it communicates
         self.mesh = plan.mesh.make(devices)
         abstract = task.abstract_state()
+        self.abstract_opt = abstract.opt_state  # the whole state's optimizer leaves' shapes
         self.shapes = jax.tree.map(lambda a: a.shape, abstract.params)
         self.layers = task.model.split(range(1, len(task.model)))  # one sub-model per layer
         self._muon(spec, abstract)
@@ -165,7 +165,7 @@ class FSDP(Strategy):
         # leaf by leaf against the whole state's shapes (its masks, as Muon's, in the same
         # places): a flat leaf takes its parameter's shape, a scalar stays
         opt = jax.tree.map(lambda a, ref: a if np.shape(a) == ref.shape else shaped(a, ref.shape),
-                           state.opt_state, self.task.abstract_state().opt_state)  # fmt: skip
+                           state.opt_state, self.abstract_opt)  # fmt: skip
         return state.replace(params=params, opt_state=opt)
 
     def placed(self, tree: TrainState) -> TrainState:
@@ -223,7 +223,7 @@ class FSDP(Strategy):
         grads = stage.reduce(grads, self.p)
         grads = jax.tree.map(lambda g: g / (self.p * self.m), grads)  # the global mean
         shards = stage.shards_of(state.params, jax.lax.axis_index(AXIS), self.p)
-        with orthogonalized_by(self.orthogonalize) if self.orthogonalize else _nothing():
+        with orthogonalized_by(self.orthogonalize) if self.orthogonalize else nullcontext():
             updates, opt_state = self.task.optimizer.update(grads, state.opt_state, shards)
         shards = optax.apply_updates(shards, updates)
         params = stage.params_of(shards, self.shapes)
@@ -320,11 +320,6 @@ class FSDP(Strategy):
             "memory_per_device": measured,
             "memory_per_device_analytic": self.analytic_memory(),
         }
-
-
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _apply_one(sub: Any, key: str, params: Any, state: Any, x: jax.Array):
