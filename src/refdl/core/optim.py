@@ -127,18 +127,80 @@ def muon_dims(logical_axes: Any) -> Callable[[Any], Any]:
     return dims
 
 
+def muon_paths(logical_axes: Any, params: Any) -> tuple[str, ...]:
+    """The ``/``-joined paths of the parameters Muon updates (the rest go to AdamW), as a
+    framework's twin needs them to split its parameters the same way."""
+    found = jax.tree_util.tree_flatten_with_path(muon_dims(logical_axes)(params),
+                                                 is_leaf=_is_dims)[0]  # fmt: skip
+    return tuple("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                 for path, d in found if d is not None)  # fmt: skip
+
+
+def muon_matrices(logical_axes: Any, params: Any) -> tuple[tuple[int, int, int], ...]:
+    """``(count, fan_in, fan_out)`` of each parameter Muon updates (``count``: its batch of
+    matrices, an expert bank's experts), what the performance model prices."""
+    dims = jax.tree_util.tree_leaves(muon_dims(logical_axes)(params), is_leaf=_is_dims)
+    out = []
+    for d, x in zip(dims, jax.tree_util.tree_leaves(params), strict=True):
+        if d is None:
+            continue
+        shape = jnp.shape(x)
+        fan_in = math.prod(shape[i] for i in d.reduction_axis)
+        fan_out = math.prod(shape[i] for i in d.output_axis)
+        out.append((math.prod(shape) // (fan_in * fan_out), fan_in, fan_out))
+    return tuple(out)
+
+
 def newton_schulz(x: jax.Array, steps: int = MUON_NS_STEPS, eps: float = MUON_EPS) -> jax.Array:
     """The quintic Newton-Schulz iteration of Keller Jordan's Muon on a matrix ``[m, n]``:
-    ``x`` over its Frobenius norm, then ``X <- aX + (bA + cA^2)X`` with ``A = XX^T`` on the
-    shorter side, in ``x``'s dtype (``torch.optim.Muon`` casts to bf16)."""
+    ``x`` over its Frobenius norm (at least ``eps``, as ``torch.optim.Muon`` clamps it),
+    then ``X <- aX + (bA + cA^2)X`` with ``A = XX^T`` on the shorter side, in ``x``'s
+    dtype (``torch.optim.Muon`` casts to bf16)."""
     a, b, c = MUON_NS_COEFFS
     tall = x.shape[0] > x.shape[1]
     x = x.T if tall else x
-    x = x / (jnp.linalg.norm(x) + eps)
+    x = x / jnp.maximum(jnp.linalg.norm(x), eps)
     for _ in range(steps):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return x.T if tall else x
+
+
+def newton_schulz_bf16(
+    x: jax.Array, steps: int = MUON_NS_STEPS, eps: float = MUON_EPS
+) -> jax.Array:
+    """``newton_schulz`` rounded as ``torch.optim.Muon`` rounds it on a CPU: ``x`` cast to
+    bf16, each product (and ``addmm``) accumulated in fp32 and rounded once to bf16. Not
+    bit-exact (PyTorch's kernels sum in another order), but 30-50x closer to PyTorch than
+    the unrounded iteration (docs/muon.md): what bf16 alone does to a run."""
+    bf, f32 = jnp.bfloat16, jnp.float32
+    a, b, c = MUON_NS_COEFFS
+    tall = x.shape[0] > x.shape[1]
+    y = (x.T if tall else x).astype(bf)
+    y = (y / jnp.maximum(jnp.linalg.norm(y.astype(f32)).astype(bf), eps)).astype(bf)
+    for _ in range(steps):
+        gram = jnp.dot(y, y.T, preferred_element_type=f32).astype(bf)
+        update = b * gram.astype(f32) + c * jnp.dot(gram, gram, preferred_element_type=f32)
+        y = a * y.astype(f32) + jnp.dot(update.astype(bf), y, preferred_element_type=f32)
+        y = y.astype(bf)
+    return (y.T if tall else y).astype(x.dtype)
+
+
+_ITERATION: contextvars.ContextVar[Callable[[jax.Array], jax.Array] | None] = (
+    contextvars.ContextVar("iteration", default=None)
+)
+
+
+@contextlib.contextmanager
+def iterated_by(ns: Callable[[jax.Array], jax.Array]) -> Iterator[None]:
+    """While tracing a step, every matrix (whichever strategy orthogonalizes it) goes
+    through ``ns`` instead of ``newton_schulz``: ``newton_schulz_bf16`` shows what
+    PyTorch's bf16 alone does to a run (``refdl validate --optimizer muon``)."""
+    token = _ITERATION.set(ns)
+    try:
+        yield
+    finally:
+        _ITERATION.reset(token)
 
 
 def orthogonal_update(m: jax.Array, dims: MuonDimensionNumbers) -> jax.Array:
@@ -150,7 +212,8 @@ def orthogonal_update(m: jax.Array, dims: MuonDimensionNumbers) -> jax.Array:
     moved = jnp.transpose(m, batch + red + out)
     fan_in, fan_out = math.prod(m.shape[i] for i in red), math.prod(m.shape[i] for i in out)
     mats = moved.reshape((-1, fan_in, fan_out))
-    done = jax.vmap(newton_schulz)(mats) * max(1.0, fan_out / fan_in) ** 0.5
+    ns = _ITERATION.get() or newton_schulz
+    done = jax.vmap(ns)(mats) * max(1.0, fan_out / fan_in) ** 0.5
     back = done.reshape(moved.shape)
     return jnp.transpose(back, tuple(int(i) for i in np.argsort(batch + red + out)))
 

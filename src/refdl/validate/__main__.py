@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default="1f1b",
                    help="pipeline schedule: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, zbv "
                         "or dualpipev (each run by PyTorch's own schedule class)")  # fmt: skip
-    p.add_argument("--optimizer", help="sgd, momentum, nesterov or adam (default: the model's)")
+    p.add_argument("--optimizer",
+                   help="sgd, momentum, nesterov, adam or muon (default: the model's)")  # fmt: skip
     p.add_argument("--lr", type=float, help="learning rate (default: the model's)")
     p.add_argument("--dataset", help="default: the model's")
     p.add_argument("--seed", type=int, default=0)
@@ -135,13 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "fail): divide (FSDP2 sums gradients), rowwise (a RowwiseParallel "
                         "left out), microbatch-scale (a stage's loss not scaled), "
                         "expert-return (tokens back to the wrong rank), mixing (a wrong "
-                        "neighbour weight)")  # fmt: skip
+                        "neighbour weight); with --optimizer muon, any twin: muon-momentum "
+                        "(0.9), muon-nesterov (off), muon-scale (Moonlight's RMS-matched "
+                        "scale)")  # fmt: skip
     p.add_argument("--perturb", type=float, default=0.0,
                    help="add this relative noise to the PyTorch side's initial weights "
                         "(checks that the check can fail)")  # fmt: skip
     p.add_argument("--torch-batchnorm", default="composite", choices=["composite", "native"],
                    help="PyTorch side's BatchNorm: the adapter's (tensor ops) or "
                         "torch.nn.BatchNorm2d (loses precision on CPU; see README)")  # fmt: skip
+    p.add_argument("--torch-muon-ns", default="bf16", choices=["bf16", "native"],
+                   help="with --optimizer muon: torch.optim.Muon as shipped (its Newton-Schulz "
+                        "in bf16; the tolerances follow how far bf16 alone moves refdl's run) "
+                        "or native (the same iteration without its bf16 cast: the usual "
+                        "tolerances, fp64 included)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600, help="seconds for the PyTorch workers")
     p.add_argument("--results", help="a framework's log (CSV or JSONL) to compare with refdl")
     p.add_argument("--control", action="append", metavar="LOG",

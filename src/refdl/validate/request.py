@@ -51,6 +51,7 @@ class Request:
     plant_bug: str | None = None
     perturb: float = 0.0
     torch_batchnorm: str = "composite"
+    torch_muon_ns: str = "bf16"  # torch.optim.Muon's Newton-Schulz as shipped, or native
     timeout: float = 600.0
     # --results: a framework's log judged against refdl's prediction and seeds
     results: str | None = None

@@ -31,7 +31,7 @@ from refdl.adapters.torch.runners import (
     aux_loss,
     global_mean,
     loss_fn,
-    make_optimizer,
+    plan_optimizer,
     save_rank,
 )
 
@@ -71,7 +71,7 @@ def _rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None
         if hasattr(m, "exchange"):
             m.exchange = exchange
     params = _trainable(model)
-    opt = make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay)
+    opt = plan_optimizer(plan, [model])
     criterion = loss_fn(plan.loss)
     losses, times, first = [], [], {}
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):

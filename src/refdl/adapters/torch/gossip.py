@@ -27,7 +27,7 @@ from refdl.adapters.torch.runners import (
     _trainable,
     global_mean,
     loss_fn,
-    make_optimizer,
+    plan_optimizer,
     save_rank,
 )
 from refdl.comm import topology
@@ -45,7 +45,7 @@ def _rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> None
     model = plan.model.build(plan.params, bn="local")
     model.train()
     params = _trainable(model)
-    opt = make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay)
+    opt = plan_optimizer(plan, [model])
     criterion = loss_fn(plan.loss)
 
     def flat() -> torch.Tensor:

@@ -47,11 +47,14 @@ class TrainPlan:
     loss: str = "cross_entropy"
     threads: int = 0  # torch intra-op threads per process (0: PyTorch's default)
     native_bn: bool = False  # torch.nn.BatchNorm2d instead of the adapter's BatchNorm2d
+    muon: tuple[str, ...] = ()  # optimizer muon: the refdl paths refdl's Muon updates
+    muon_ns: str = "bf16"  # torch.optim.Muon's Newton-Schulz as shipped, or "native"
+    muon_options: tuple[tuple[str, Any], ...] = ()  # more torch.optim.Muon keywords (a plant)
 
 
 def optimizer_class(name: str, momentum: float, weight_decay: float) -> tuple[type, dict]:
     """The PyTorch optimizer class and keyword arguments (no ``lr``) that compute what
-    refdl's optax optimizer of ``name`` does."""
+    refdl's optax optimizer of ``name`` does (Muon: ``make_optimizer``)."""
     if name == "sgd":
         return torch.optim.SGD, {"weight_decay": weight_decay}
     if name in ("momentum", "nesterov"):
@@ -62,10 +65,88 @@ def optimizer_class(name: str, momentum: float, weight_decay: float) -> tuple[ty
     raise ValueError(f"no PyTorch twin for optimizer {name!r}")
 
 
-def make_optimizer(name: str, params: list, momentum: float, weight_decay: float):
-    """The PyTorch optimizer that computes what refdl's optax optimizer of ``name`` does."""
+class MuonAdamW:
+    """``torch.optim.Muon`` on the matrices refdl's Muon updates and ``torch.optim.AdamW``
+    on the rest, stepped together: how PyTorch's documentation pairs them, and what refdl's
+    ``muon`` does in one optax optimizer. Both use their defaults but the weight decay
+    (AdamW's loop is the per-tensor one, which takes DTensor and plain tensors alike).
+    ``native``: Muon's steps run ``native_newton_schulz`` in place of PyTorch's;
+    ``options``: other ``torch.optim.Muon`` settings (a misconfiguration planted)."""
+
+    def __init__(self, matrices: list, rest: list, weight_decay: float, native: bool,
+                 **options: Any) -> None:  # fmt: skip
+        self.native = native
+        self.parts = []
+        if matrices:
+            self.parts.append(torch.optim.Muon(matrices, lr=0.0, weight_decay=weight_decay,
+                                               **options))  # fmt: skip
+        if rest:
+            self.parts.append(
+                torch.optim.AdamW(rest, lr=0.0, weight_decay=weight_decay, foreach=False)
+            )
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for part in self.parts for g in part.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        import torch.optim._muon as torch_muon
+
+        shipped = torch_muon._zeropower_via_newtonschulz
+        if self.native:
+            torch_muon._zeropower_via_newtonschulz = native_newton_schulz
+        try:
+            for part in self.parts:
+                part.step()
+        finally:
+            torch_muon._zeropower_via_newtonschulz = shipped
+
+
+def make_optimizer(name: str, params: list, momentum: float, weight_decay: float,
+                   modules: list | None = None, muon: tuple[str, ...] = (),
+                   native: bool = False, muon_options: tuple = (),
+                   **extra: Any) -> Any:  # fmt: skip
+    """The PyTorch optimizer that computes what refdl's optax optimizer of ``name`` does
+    (``extra``: the class's options, such as ``foreach``); for Muon, ``modules`` (their
+    ``links()``) tell which of ``params`` are the refdl paths ``muon`` names (``native``:
+    its Newton-Schulz without the bf16 cast, ``native_newton_schulz``)."""
+    if name == "muon":
+        ids = {id(t) for m in modules or () for path, t, _, _ in m.links() if path in muon}
+        matrices = [p for p in params if id(p) in ids]
+        rest = [p for p in params if id(p) not in ids]
+        return MuonAdamW(matrices, rest, weight_decay, native, **dict(muon_options))
     cls, kwargs = optimizer_class(name, momentum, weight_decay)
-    return cls(params, lr=0.0, **kwargs)
+    return cls(params, lr=0.0, **kwargs, **extra)
+
+
+def native_newton_schulz(grad: Any, ns_coefficients: tuple, ns_steps: int, eps: float) -> Any:
+    """``torch.optim._muon._zeropower_via_newtonschulz`` (PyTorch 2.13) line for line, but
+    in the gradient's own dtype where PyTorch casts it to bf16: the one change
+    ``--torch-muon-ns native`` makes to PyTorch, so that only the algorithm is compared."""
+    a, b, c = ns_coefficients
+    ortho_grad = grad.clone()
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram_matrix = ortho_grad @ ortho_grad.T
+        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    return ortho_grad
+
+
+def plan_optimizer(plan: TrainPlan, modules: list, **extra: Any) -> Any:
+    """``make_optimizer`` of ``plan`` for the trainable parameters of ``modules``."""
+    params = [p for m in modules for p in _trainable(m)]
+    return make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay, modules,
+                          plan.muon, native=plan.muon_ns == "native",
+                          muon_options=plan.muon_options, **extra)  # fmt: skip
 
 
 def loss_fn(name: str) -> Callable:
@@ -109,7 +190,7 @@ def train_single(plan: TrainPlan) -> TorchResult:
         torch.set_num_threads(plan.threads)
     model = plan.model.build(plan.params, bn="native" if plan.native_bn else "local")
     model.train()
-    opt = make_optimizer(plan.optimizer, _trainable(model), plan.momentum, plan.weight_decay)
+    opt = plan_optimizer(plan, [model])
     criterion = loss_fn(plan.loss)
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
@@ -239,7 +320,7 @@ def _ddp_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) -> 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
         ddp = DDP(model, broadcast_buffers=False)
-    opt = make_optimizer(plan.optimizer, _trainable(model), plan.momentum, plan.weight_decay)
+    opt = plan_optimizer(plan, [model])
     criterion = loss_fn(plan.loss)
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
@@ -313,10 +394,7 @@ def _pipe_rank(rank: int, world: int, plan: TrainPlan, extra: Any, out: Path) ->
     sched = cls(stages[0] if one else stages, n_microbatches=microbatches,
                 loss_fn=loss_fn(plan.loss), scale_grads=bug != "microbatch-scale")  # fmt: skip
     # A stage without parameters (e.g. a lone Flatten) has nothing to update.
-    params = [p for m in modules for p in _trainable(m)]
-    opt = None
-    if params:
-        opt = make_optimizer(plan.optimizer, params, plan.momentum, plan.weight_decay)
+    opt = plan_optimizer(plan, modules) if any(_trainable(m) for m in modules) else None
     first_here, last_here = 0 in mine, n - 1 in mine
     losses, times = [], []
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):

@@ -34,6 +34,7 @@ from refdl.adapters.torch.runners import (
     global_mean,
     loss_fn,
     optimizer_class,
+    plan_optimizer,
     save_rank,
 )
 from refdl.errors import UsageError
@@ -147,8 +148,6 @@ def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> 
     else:
         dp_mesh = init_device_mesh("cpu", (layout.dp,)) if layout.dp > 1 else None
     net, opt = model, None
-    cls, kwargs = optimizer_class(plan.optimizer, plan.momentum, plan.weight_decay)
-    kwargs["foreach"] = False  # DTensor and plain parameters side by side
     if layout.dp > 1 and layout.zero == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -156,7 +155,9 @@ def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> 
         with warnings.catch_warnings():  # rank-local buffers, as runners._ddp_rank says
             warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
             net = DDP(model, broadcast_buffers=False)
-        opt = ZeroRedundancyOptimizer(_trainable(model), optimizer_class=cls, lr=0.0, **kwargs)
+        cls, kwargs = optimizer_class(plan.optimizer, plan.momentum, plan.weight_decay)
+        opt = ZeroRedundancyOptimizer(_trainable(model), optimizer_class=cls, lr=0.0,
+                                      foreach=False, **kwargs)  # fmt: skip
     elif layout.dp > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -165,8 +166,8 @@ def _rank(rank: int, world: int, plan: TrainPlan, layout: Layout, out: Path) -> 
             if any(p.requires_grad for p in block.parameters()):
                 fully_shard(block, mesh=dp_mesh, reshard_after_forward=again)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=again)
-    if opt is None:
-        opt = cls(_trainable(model), lr=0.0, **kwargs)
+    if opt is None:  # after fully_shard: DTensor and plain parameters side by side
+        opt = plan_optimizer(plan, [model], foreach=False)
     criterion = loss_fn(plan.loss)
     losses, times, first = [], [], {}
     for batch, lr in zip(plan.batches, plan.lrs, strict=True):
