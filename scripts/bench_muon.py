@@ -6,7 +6,8 @@
    bytes beside ``refdl.parallel.muon``'s formula, the Newton-Schulz FLOPs each rank runs
    (counted from the matrices: XLA's static count includes the owner's ``cond`` branch on
    every rank, so it cannot show the saving), XLA's FLOP count and temporary memory per
-   device, and the step time on this machine (4 simulated devices on 2 CPU cores: a
+   device and the peak of its buffer assignment (arguments + outputs - donated +
+   temporaries), and the step time on this machine (4 simulated devices on 2 CPU cores: a
    ratio, not a GPU figure).
 
 Writes ``docs/bench/muon/muon.json`` and ``muon.png``.
@@ -62,6 +63,9 @@ def scheme(zero: int, name: str, steps: int) -> dict[str, Any]:
     s = run.strategy
     cost = s._step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    mem = s._step.memory_analysis()  # XLA's buffer assignment for one device's step
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)  # fmt: skip
     state = s.init_state(0)
     batches = [run.batch(i) for i in range(steps)]
     state, _ = s.train_step(state, batches[0])  # warm: the program is compiled already
@@ -96,6 +100,8 @@ def scheme(zero: int, name: str, steps: int) -> dict[str, Any]:
         "muon_matrices": len(s.muon_matrices),
         "flops_per_device": float(cost.get("flops", 0.0)),
         "temp_bytes_per_device": s.temp_bytes,
+        # arguments (the state's shards, the batch) + outputs - donated + temporaries
+        "peak_bytes_per_device": int(peak),
         "seconds_per_step": (time.perf_counter() - t0) / max(len(batches) - 1, 1),
     }
 

@@ -31,6 +31,7 @@ from refdl.config.rules import TENSOR_RULES
 from refdl.config.spec import RunSpec
 from refdl.core.layers import Conv, Dense, Embed, PositionalEmbed, TransformerBlock
 from refdl.core.moe import MoEFeedForward
+from refdl.core.optim import muon_matrices
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf.ops import OpWork, by_kind, parse_hlo
@@ -78,6 +79,9 @@ class ModelCost:
     # fully connected layers: (rows per sample, in, out, parameters), what sufficient-
     # factor broadcasting prices (``--sfb``); empty for shape-only models
     dense_layers: tuple[tuple[int, int, int, int], ...] = ()
+    # the matrices Muon updates, (count, fan_in, fan_out) (``refdl.core.optim``'s choice:
+    # a shape-only model declares no axes, so every kernel of two or more axes)
+    muon_matrices: tuple[tuple[int, int, int], ...] = ()
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -208,7 +212,10 @@ def _shape_model_cost(m: ShapeModel) -> ModelCost:
     ]
     order, op_class = _in_order(v.get("params", v))
     return dataclasses.replace(
-        _finish(m.name, params, costs, outs), op_class=op_class, layer_param_bytes=order
+        _finish(m.name, params, costs, outs),
+        op_class=op_class,
+        layer_param_bytes=order,
+        muon_matrices=muon_matrices(None, v.get("params", v)),
     )
 
 
@@ -250,6 +257,7 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         layer_param_bytes=order,
         transformer=transformer_shape(task.model.layers),
         dense_layers=_dense_layers(task),
+        muon_matrices=muon_matrices(task.logical_axes, state.params),
     )
 
 

@@ -13,8 +13,9 @@ quintic iterations, each ``A = XX^T`` (``2 m^2 n``), ``A^2`` (``2 m^3``) and ``(
   own matrices, or XLA's sharded products), no bytes counted.
 
 The matrices: a transformer shape's attention projections and MLP (each expert's),
-else a model's fully connected layers but the last (the output layer goes to AdamW, as
-do embeddings, norms and biases); convolution kernels are not counted.
+else those ``refdl.core.optim`` gives Muon (``ModelCost.muon_matrices``): a refdl model's
+by its logical axes; a shape-only model's every kernel of two or more axes, convolutions
+reshaped (it declares no axes, so its output layer is counted too).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def matrices(m: Any) -> list[tuple[int, int, int]]:
         mlp = [(t.layers * max(t.experts, 1), h, f)] * (2 if t.gated else 1)
         mlp.append((t.layers * max(t.experts, 1), f, h))
         return [(t.layers, h, t.d_q), (2 * t.layers, h, t.d_kv), (t.layers, t.d_q, h), *mlp]
-    return [(1, fan_in, fan_out) for _rows, fan_in, fan_out, _n in m.dense_layers[:-1]]
+    return list(m.muon_matrices)
 
 
 def ns_flops(fan_in: int, fan_out: int) -> float:
@@ -50,29 +51,37 @@ def priced(formula_name: str, c: CostBreakdown, m: Any, hw: Any, workers: int,
            scheme: str, link: Any) -> CostBreakdown:  # fmt: skip
     """``c`` with Muon's compute, bytes and working memory added (the module's docstring);
     ``link``: the alpha-beta link of ``workers`` ranks."""
+    p = max(workers, 1)
+    if formula_name == "zero_sharding":
+        return on_mesh(c, m, hw, 1, p, scheme, link)
+    if formula_name in ("one_device", "data_parallel"):
+        return on_mesh(c, m, hw, 1, 1, scheme, link)
+    return on_mesh(c, m, hw, p, 1, scheme, link)
+
+
+def on_mesh(c: CostBreakdown, m: Any, hw: Any, split: int, shards: int, scheme: str,
+            link: Any) -> CostBreakdown:  # fmt: skip
+    """``c`` with Muon's terms where each device holds ``1/split`` of every matrix's work
+    (tensor and pipeline axes: XLA's sharded products, a stage's own matrices; replicas
+    repeat it) and ``shards`` ranks share each matrix's optimizer state (ZeRO), reached
+    whole by ``scheme`` (``gather`` or ``owner``; ``link``: those ranks' link)."""
     mats = matrices(m)
     if not mats:
         return c
-    total = sum(k * ns_flops(a, b) for k, a, b in mats)
-    largest = max(ns_flops(a, b) for _k, a, b in mats)
-    psi = sum(4.0 * k * a * b for k, a, b in mats)
-    p = max(workers, 1)
-    comm_s, comm_bytes = 0.0, 0.0
-    if formula_name == "zero_sharding" and p > 1:
-        if scheme == "gather":
-            flops = total
-            comm_s, comm_bytes = allgather_ring(psi, p, link), (p - 1) * psi
-        else:
-            flops = max(total / p, largest)
-            comm_s, comm_bytes = allgather_ring(2 * psi / p, p, link), 2 * (p - 1) * psi / p
-    elif formula_name in ("one_device", "data_parallel"):
-        flops = total
-    else:
-        flops = total / p
-    work = max(4.0 * a * b for _k, a, b in mats)  # one matrix, its Gram and result at once
+    total = sum(k * ns_flops(a, b) for k, a, b in mats) / split
+    largest = max(ns_flops(a, b) for _k, a, b in mats) / split
+    psi = sum(4.0 * k * a * b for k, a, b in mats) / split
+    comm_s, comm_bytes, flops = 0.0, 0.0, total
+    if shards > 1 and scheme == "gather":
+        comm_s, comm_bytes = allgather_ring(psi, shards, link), (shards - 1) * psi
+    elif shards > 1:
+        flops = max(total / shards, largest)
+        comm_s = allgather_ring(2 * psi / shards, shards, link)
+        comm_bytes = 2 * (shards - 1) * psi / shards
+    work = max(4.0 * a * b for _k, a, b in mats) / split  # a matrix, its Gram, its result
     return dataclasses.replace(
         c,
-        compute_s=c.compute_s + roofline_time(flops, 3 * NS_STEPS * psi / p, hw),
+        compute_s=c.compute_s + roofline_time(flops, 3 * NS_STEPS * psi / shards, hw),
         comm_s=c.comm_s + comm_s,
         flops=c.flops + flops,
         comm_bytes=c.comm_bytes + comm_bytes,

@@ -117,7 +117,7 @@ def plan_configurations(
     planner = Planner(
         cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
         optimizer_words=OPTIMIZER_WORDS[optimizer], library=library,
-        runnable_only=runnable_only, strategies=strategies,
+        runnable_only=runnable_only, strategies=strategies, muon=optimizer == "muon",
     )  # fmt: skip
     result = planner.search(top)
     seconds = time.perf_counter() - t0

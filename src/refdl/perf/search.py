@@ -38,9 +38,10 @@ from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
-from refdl.perf import PredictOptions, intervals
-from refdl.perf.costs import formula_of
+from refdl.perf import PredictOptions, intervals, muon
+from refdl.perf.costs import formula_of, link_of
 from refdl.perf.model_cost import ModelCost
+from refdl.perf.muon import SCHEMES
 
 REMATS = ("none", "selective", "full")
 MAX_CHUNKS = 8
@@ -60,6 +61,7 @@ class Config:
     precision: str = "fp32"
     sequence_parallel: bool = False
     cp: str = "ring"
+    muon: str = ""  # optimizer muon: how whole matrices are reached (Planner.muon_scheme)
 
     def strategy(self, transformer: bool, owners: Mapping[str, Traits]) -> str:
         """The strategy that runs it (and whose cost formula prices it), asked of the
@@ -95,6 +97,8 @@ class Config:
             parts.append(f"cp {self.cp}")
         if self.remat != "none":
             parts.append(f"remat {self.remat}")
+        if self.muon:
+            parts.append(f"muon {self.muon}")
         parts.append(self.precision)
         return ", ".join(parts)
 
@@ -129,6 +133,10 @@ class Config:
             flags.append("--sequence-parallel")
         if self.mesh.context > 1:
             flags += ["--cp", self.cp]
+        if self.muon:
+            flags += ["--optimizer", "muon"]
+            if "muon" in traits.options and self.muon in SCHEMES:
+                flags += ["--muon", self.muon]
         return [*flags, "--remat", self.remat, "--precision", self.precision]
 
 
@@ -221,6 +229,7 @@ class Planner:
         library: str | None = None,
         runnable_only: bool = False,
         strategies: Mapping[str, Traits],
+        muon: bool = False,
     ) -> None:
         self.m, self.profile, self.n, self.batch = model, profile, devices, batch
         self.owners = strategies  # the registered strategies' traits, by name
@@ -232,6 +241,7 @@ class Planner:
         faster = dev.peak_flops.get(DTYPES["bf16"], 0.0) > fp32
         self.precisions = precisions or (("fp32", "bf16") if faster else ("fp32",))
         self.words, self.library, self.runnable_only = optimizer_words, library, runnable_only
+        self.muon = muon  # optimizer muon: each configuration's Newton-Schulz priced
         self._views: dict[str, Any] = {}
         self.priced = self.too_big = self.mesh_count = 0
 
@@ -303,6 +313,25 @@ class Planner:
         """Step time, interval, memory and terms of ``c`` (``UsageError`` where a formula
         refuses it)."""
         self.priced += 1
+        strategy, opts, r = self.formula_cost(c)
+        hw = self.view(c.precision)
+        terms = {"compute": r.compute_s, "bubble": r.bubble_s}
+        if r.comm_by_axis:
+            terms.update({f"comm {a}": e for a, _, e, _ in r.comm_by_axis})
+        else:
+            terms["comm"] = r.comm_s
+        if self.muon:
+            before = r.step_time_s
+            c, r = self.muon_scheme(c, r, hw, opts, "muon" in self.owners[strategy].options)
+            terms["muon"] = r.step_time_s - before
+        dtype = self.profile.dtype_for(c.precision)
+        borrowed = self.profile.borrowed_device(dtype)
+        iv = intervals.time_interval("step", r.step_time_s, borrowed)
+        return Priced(c, r.step_time_s, *(iv or (None, None)), int(r.memory_bytes), terms)
+
+    def formula_cost(self, c: Config) -> tuple[str, PredictOptions, Any]:
+        """The strategy that runs ``c``, the options it is priced with, and its cost
+        formula's breakdown (Muon's terms not yet added)."""
         opts = PredictOptions(
             mesh=c.mesh.text(), microbatches=c.microbatches, schedule=c.schedule,
             chunks=c.chunks, zero=c.zero or 3, data_zero=c.zero if self.shape else 0,
@@ -311,16 +340,31 @@ class Planner:
         )  # fmt: skip
         strategy = c.strategy(self.shape is not None, self.owners)
         formula = formula_of(self.owners[strategy])
-        r = formula(self.m, self.view(c.precision), self.batch, c.mesh.size, opts)
-        terms = {"compute": r.compute_s, "bubble": r.bubble_s}
-        if r.comm_by_axis:
-            terms.update({f"comm {a}": e for a, _, e, _ in r.comm_by_axis})
-        else:
-            terms["comm"] = r.comm_s
-        dtype = self.profile.dtype_for(c.precision)
-        borrowed = self.profile.borrowed_device(dtype)
-        iv = intervals.time_interval("step", r.step_time_s, borrowed)
-        return Priced(c, r.step_time_s, *(iv or (None, None)), int(r.memory_bytes), terms)
+        return strategy, opts, formula(self.m, self.view(c.precision), self.batch, c.mesh.size,
+                                       opts)  # fmt: skip
+
+    def muon_scheme(self, c: Config, r: Any, hw: Any, opts: PredictOptions,
+                    choosable: bool) -> tuple[Config, Any]:  # fmt: skip
+        """``c`` named with how Muon reaches whole matrices, and ``r`` with Muon's terms
+        (``refdl.perf.muon.on_mesh``): each device runs Newton-Schulz on ``1/(model x
+        pipe)`` of the matrices (``sharded-ns`` where ``model`` > 1: XLA's products,
+        their collectives not counted; else ``replicated``, every replica again); where
+        ZeRO shards the state over ``fsdp x data`` ranks, the faster of ``gather`` and
+        ``owner`` if the strategy offers the choice (``choosable``), else XLA's sharded
+        products priced as ``gather``."""
+        mesh = c.mesh
+        split = mesh.model * mesh.pipe
+        shards = mesh.fsdp * (mesh.data if c.zero else 1)
+        if shards == 1:
+            name = "sharded-ns" if mesh.model > 1 else "replicated"
+            return dataclasses.replace(c, muon=name), muon.on_mesh(r, self.m, hw, split, 1,
+                                                                   "gather", None)  # fmt: skip
+        link = link_of(hw, shards, opts)
+        priced = {k: muon.on_mesh(r, self.m, hw, split, shards, k, link)
+                  for k in (SCHEMES if choosable else ("gather",))}  # fmt: skip
+        best = min(priced, key=lambda k: priced[k].step_time_s)
+        name = best if choosable else "sharded-ns"
+        return dataclasses.replace(c, muon=name), priced[best]
 
     def fitted(self, c: Config) -> Priced | None:
         """``c`` at the lowest ZeRO stage and (without stages) the fewest microbatches that
