@@ -31,6 +31,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
 from refdl.perf.planning import plan_configurations
+from refdl.perf.shapes import describe, model_named
 from refdl.strategies import declared_traits
 
 PROG = "refdl plan"
@@ -40,7 +41,13 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(name="refdl.plan", prog=PROG, description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--hw", required=True, help="profile name or .toml path")
-    p.add_argument("--model", required=True, help="a zoo transformer or shape, or a refdl model")
+    p.add_argument("--model", help="a zoo transformer or shape, or a refdl model")
+    p.add_argument("--model-shape", metavar="KEY=VALUE,...",
+                   help="a transformer by its shape: layers=L,d_model=D,heads=H[,kv_heads=G]"
+                        "[,ffn=F][,vocab=V][,experts=E,top_k=K,shared_experts=S][,glu=1] "
+                        "(docs/performance-model.md)")  # fmt: skip
+    p.add_argument("--model-shape-file", metavar="config.json",
+                   help="a transformer by a Hugging Face config.json")  # fmt: skip
     p.add_argument("--devices", type=int, required=True, help="devices to lay the run over")
     p.add_argument("--batch-size", type=int, required=True, help="global batch (sequences)")
     p.add_argument("--seq-len", type=int, help="transformers: tokens per sequence")
@@ -72,6 +79,8 @@ def show(record: dict[str, Any]) -> None:
     seq = f" x {record['seq_len']} tokens" if record["seq_len"] else ""
     limit = record["memory_limit_bytes"]
     limit_text = f", memory limit {limit / 1e9:.3g} GB" if limit else ""
+    if "model_shape" in record:
+        print(f"the shape: {record['model_shape']}")
     print(f"{record['model']} ({_count(record['params'])} parameters) on {record['hw']}, "
           f"{record['devices']} devices, batch {record['global_batch']}{seq}"
           f"{limit_text}")  # fmt: skip
@@ -139,6 +148,8 @@ def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        args.model, shape = model_named(args.model, args.model_shape, args.model_shape_file,
+                                        args.seq_len)  # fmt: skip
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         if args.run:
@@ -167,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.plot:
         draw(record, args.plot)
+    if shape is not None:
+        record["model_shape"] = describe(shape)
     if args.json:
         print(json.dumps(record, indent=1))
     else:

@@ -30,7 +30,7 @@ from refdl.cli import Parser
 from refdl.comm.compress import SPARSE
 from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
-from refdl.config.values import Float
+from refdl.config.values import Float, Int
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
@@ -42,6 +42,7 @@ from refdl.perf.collectives import (
     collective_time,
 )
 from refdl.perf.prediction import predict_steps, scope_note
+from refdl.perf.shapes import describe, model_named, with_seq
 from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS
 from refdl.strategies import traits_of
 
@@ -189,8 +190,18 @@ def _step_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--hw", required=True, help="profile name or .toml path")
-    p.add_argument("--strategy", default="data")
-    p.add_argument("--model", required=True, help="a shape-only model or a refdl model")
+    p.add_argument("--strategy", help="default: hybrid where --mesh is given, else data")
+    p.add_argument("--model", help="a shape-only model or a refdl model")
+    p.add_argument("--model-shape", metavar="KEY=VALUE,...",
+                   help="a transformer by its shape: layers=L,d_model=D,heads=H[,kv_heads=G]"
+                        "[,ffn=F][,vocab=V][,experts=E,top_k=K,shared_experts=S]"
+                        "[,glu=1]")  # fmt: skip
+    p.add_argument(
+        "--model-shape-file",
+        metavar="config.json",
+        help="a transformer by a Hugging Face config.json",
+    )
+    p.add_argument("--seq-len", type=int, help="transformer shapes: tokens per sequence")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument(
         "--workers",
@@ -239,7 +250,11 @@ def _step_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="transformers: Megatron's sequence parallelism in the model axis",
     )
-    p.add_argument("--remat", default="none", help="none, selective or full recomputation")
+    p.add_argument("--remat", "--recompute", dest="remat", default="none",
+                   help="none, selective or full recomputation")  # fmt: skip
+    p.add_argument("--attention", default="fused",
+                   help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
+                        "a layer kept for the backward)")  # fmt: skip
     p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
@@ -249,6 +264,16 @@ def _step_parser() -> argparse.ArgumentParser:
 def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
     try:
+        if args.seq_len is not None and (problem := Int(min=1, max=1 << 24).problem(args.seq_len)):
+            raise UsageError(f"--seq-len must be {problem}")
+        model, shape = model_named(args.model, args.model_shape, args.model_shape_file,
+                                   args.seq_len)  # fmt: skip
+        if args.seq_len and shape is None:
+            model = with_seq(model, args.seq_len)
+        if shape is not None:
+            print(f"{PROG}: {describe(shape)}", file=sys.stderr)
+        if args.strategy is None:  # a mesh of several axes is hybrid's
+            args.strategy = "hybrid" if args.mesh else "data"
         workers = _ints(args.workers or _mesh_size(args.mesh) or "1,2,4,8")
         words = OPTIMIZER_WORDS
         if args.optimizer not in words:
@@ -281,9 +306,10 @@ def _step_main(argv: list[str]) -> int:
             cp=args.cp,
             sequence_parallel=args.sequence_parallel,
             remat=args.remat,
+            attention=args.attention,
         )
         rows = predict_steps(
-            args.hw, args.strategy, traits, args.model, args.batch_size, workers, args.scaling,
+            args.hw, args.strategy, traits, model, args.batch_size, workers, args.scaling,
             opts, precision=args.precision, library=args.library,
         )  # fmt: skip
     except UsageError as e:
@@ -299,7 +325,7 @@ def _step_main(argv: list[str]) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(
-        f"{args.model} / {args.strategy} on {rows[0]['hw']} ({args.scaling} scaling, "
+        f"{model} / {args.strategy} on {rows[0]['hw']} ({args.scaling} scaling, "
         f"{rows[0]['params'] / 1e6:.2f} M parameters)"
     )
     print(

@@ -93,6 +93,9 @@ class PredictOptions:
     cp: str = _opt("ring", Choice(CONTEXT_ATTENTION))
     sequence_parallel: bool = _opt(False, Flag())
     remat: str = _opt("none", Choice(REMAT))
+    # attention scores kept for the backward: none with a fused kernel (flash attention,
+    # every current stack's default), 5 a s^2 b bytes a layer unfused
+    attention: str = _opt("fused", Choice(("fused", "unfused")))
     # transformers on a mesh: ZeRO stage over the data axis (1: optimizer state split over
     # it, 2: and the gradients; the fsdp axis is stage 3), moving the same bytes
     data_zero: int = _opt(0, Int(min=0, max=2))

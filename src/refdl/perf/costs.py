@@ -383,9 +383,8 @@ def transformer_step(
     stash = 1 if mesh.pipe == 1 else (mb if opts.schedule in ("gpipe", "looped-bfs")
                                       else min(mesh.pipe, mb))  # fmt: skip
     mem = state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
-    mem += activation_bytes(
-        shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat, opts.precision
-    )
+    mem += activation_bytes(shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat,
+                            opts.precision, fused=opts.attention == "fused")  # fmt: skip
     return CostBreakdown(
         compute_s=t,
         comm_s=sum(e for _, _, e, _ in by_axis),

@@ -48,8 +48,19 @@ def default_optimizer(name: str) -> str:
     return "adam"
 
 
-def row(p: Any, transformer: bool, strategies: Mapping[str, Traits]) -> dict[str, Any]:
-    """One configuration as ``refdl plan --json`` gives it."""
+def boundaries(c: Any, layers: int) -> list[int] | None:
+    """The layers where each pipeline stage (each chunk of it, interleaved) begins after
+    the first: equal stages (``refdl train --stage-boundaries``); None without stages."""
+    stages = c.mesh.pipe * max(c.chunks, 1)
+    if c.mesh.pipe == 1 or not layers:
+        return None
+    return [round(i * layers / stages) for i in range(1, stages)]
+
+
+def row(p: Any, transformer: bool, strategies: Mapping[str, Traits],
+        layers: int = 0) -> dict[str, Any]:  # fmt: skip
+    """One configuration as ``refdl plan --json`` gives it (``layers``: the model's, for
+    its stage boundaries)."""
     c = p.config
     total = sum(p.terms.values())
     runs = c.runnable(transformer)
@@ -61,6 +72,8 @@ def row(p: Any, transformer: bool, strategies: Mapping[str, Traits]) -> dict[str
         "schedule": c.schedule if c.mesh.pipe > 1 else None,
         "chunks": c.chunks,
         "remat": c.remat,
+        "recompute": c.remat,  # the same, by the word Megatron and torchtitan use
+        "stage_boundaries": boundaries(p.config, layers),
         "precision": c.precision,
         "sequence_parallel": c.sequence_parallel,
         "cp": c.cp if c.mesh.context > 1 else None,
@@ -135,7 +148,7 @@ def plan_configurations(
         "meshes": result.meshes,
         "did_not_fit": result.too_big,
         "seconds": seconds,
-        "configurations": [row(p, transformer, strategies) for p in result.found],
+        "configurations": [row(p, transformer, strategies, cost.layers) for p in result.found],
     }
     if len(result.found) > 1:
         record["why_first"] = why_first(result.found[0], result.found[1])

@@ -141,6 +141,9 @@ def predict_steps(
                 if profile.device.memory_bytes
                 else None,
                 "flops_per_device": c.flops,
+                # the model's own FLOPs (no recomputation) per device and second: MFU's
+                # numerator (divide by the device's peak)
+                "model_flops_per_device_per_s": m.flops(batch) / w / c.step_time_s,
                 "params": m.params,
                 **_by_axis(c),
             }

@@ -67,6 +67,7 @@ class TransformerShape:
     capacity_factor: float = 1.0
     tied: bool = True
     positions: bool = True
+    shared_experts: int = 0  # always-active experts beside the routed ones (DeepSeek's)
 
     def __post_init__(self) -> None:
         for name in ("layers", "d_model", "heads", "seq", "vocab"):
@@ -77,6 +78,8 @@ class TransformerShape:
                              f"heads {self.heads}")  # fmt: skip
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise UsageError(f"transformer shape: top_k must be in 1..experts ({self.experts})")
+        if self.shared_experts and not self.experts:
+            raise UsageError("transformer shape: shared_experts needs experts (routed ones)")
 
     @property
     def hidden(self) -> int:
@@ -106,6 +109,11 @@ class TransformerShape:
         slots = capacity(self.seq, self.experts, self.top_k, self.capacity_factor)
         return self.experts * slots / self.seq
 
+    @property
+    def mlp_passes(self) -> float:
+        """MLP passes per token: the routed ones and every shared expert's."""
+        return self.routed + self.shared_experts
+
     def mlp_params(self) -> int:
         return (3 if self.gated else 2) * self.d_model * self.hidden
 
@@ -122,6 +130,7 @@ class TransformerShape:
         h = self.d_model
         per_layer = self.attention_params() + 4 * h
         per_layer += self.experts * h if self.experts else self.mlp_params()
+        per_layer += self.shared_experts * self.mlp_params()  # dense: every token's
         embed = self.vocab * h * (1 if self.tied else 2) + (self.seq * h if self.positions else 0)
         return self.layers * per_layer + embed + 2 * h
 
@@ -133,7 +142,7 @@ class TransformerShape:
         """One layer's forward on one sequence: products, scores and values, router."""
         s, h = self.seq, self.d_model
         f = 2 * s * self.attention_params() + 4 * s * s * self.d_q
-        f += 2 * s * self.mlp_params() * self.routed
+        f += 2 * s * self.mlp_params() * self.mlp_passes
         if self.experts:
             f += 2 * s * h * self.experts
         return float(f)
@@ -150,23 +159,24 @@ class TransformerShape:
 
     def layer_activation_bytes(
         self, batch: float, tp: int = 1, cp: int = 1, sp: bool = False,
-        remat: str = "none", precision: str = "bf16",
+        remat: str = "none", precision: str = "bf16", fused: bool = True,
     ) -> float:  # fmt: skip
         """Bytes one layer keeps for its backward, for ``batch`` sequences of ``seq / cp``
         tokens on one device of a ``tp``-way tensor-parallel group (Korthikanti et al.
         2022, table 2): of ``34 s b h`` (16-bit), 24 are split by tensor parallelism and
         the other 10 (norm inputs, dropout masks) only by sequence parallelism; ``5 a s^2
-        b`` of scores unless recomputed (selective) or computed blockwise (context
-        parallelism: ring or flash attention); an expert MLP's 19 per routed pass."""
+        b`` of scores only where attention is not ``fused`` (a fused kernel, flash
+        attention, keeps none; neither does selective recomputation nor context
+        parallelism's blockwise attention); an MLP's 19 per pass (routed and shared)."""
         s, h = self.seq / cp, self.d_model
         sbh = s * batch * h
         if remat == "full":
             return 2 * sbh / (tp if sp else 1) * ACT_BYTES[precision] / 2
-        split = 8 + 16 * self.routed  # of the MLP's 19: 16 split by tp, 3 not
-        whole = 3 + 3 * self.routed + 4
+        split = 8 + 16 * self.mlp_passes  # of the MLP's 19: 16 split by tp, 3 not
+        whole = 3 + 3 * self.mlp_passes + 4
         per = split / tp + whole / (tp if sp else 1)
         scores = 0.0
-        if remat == "none" and cp == 1:
+        if remat == "none" and cp == 1 and not fused:
             scores = 5 * self.heads * s / h / tp
         return sbh * (per + scores) * ACT_BYTES[precision] / 2
 
@@ -309,12 +319,13 @@ def state_bytes(
 
 def activation_bytes(
     shape: TransformerShape, mesh: MeshSpec, batch: float, microbatches: int, stash: int,
-    sp: bool, remat: str, precision: str,
+    sp: bool, remat: str, precision: str, fused: bool = True,
 ) -> float:  # fmt: skip
     """Activations the busiest stage holds: ``stash`` microbatches of its ``layers / pipe``
     layers, plus one microbatch's fp32 logits split over ``model`` (the last stage's)."""
     b = batch / (mesh.data * mesh.fsdp * mesh.expert) / microbatches
-    per_layer = shape.layer_activation_bytes(b, mesh.model, mesh.context, sp, remat, precision)
+    per_layer = shape.layer_activation_bytes(b, mesh.model, mesh.context, sp, remat, precision,
+                                             fused)  # fmt: skip
     logits = 4.0 * b * shape.seq / mesh.context * shape.vocab / mesh.model
     return stash * per_layer * shape.layers / mesh.pipe + logits
 

@@ -1,0 +1,181 @@
+"""A user's transformer by its shape: ``--model-shape layers=L,d_model=D,heads=H,...`` or a
+Hugging Face ``config.json`` (``--model-shape-file``), for ``refdl predict`` and
+``refdl plan``.
+
+The shape becomes a ``TransformerShape`` (``refdl.perf.transformer``), registered under a
+name that spells it, so that every formula prices it as it prices the zoo's GPT-3 and
+Llama 3. Its parameters and FLOPs are those closed forms: Narayanan et al.'s count
+(``6N`` per token plus attention's ``12 l s h``), extended to grouped-query attention,
+SwiGLU's three matrices and routed and shared experts. ``describe`` says them in a line.
+
+A user's shape is modern by default: untied embeddings and rotary positions (no position
+table); ``tied=1`` and ``positions=1`` give GPT's. A config file is read as data: JSON
+only, at most 1 MiB, and only the keys below are looked at.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from refdl.errors import UsageError
+from refdl.perf.transformer import TransformerShape
+from refdl.perf.zoo import TRANSFORMERS, register_transformer
+
+# --model-shape's keys, each with the TransformerShape field it sets
+KEYS = {"layers": "layers", "d_model": "d_model", "heads": "heads", "kv_heads": "kv_heads",
+        "ffn": "ffn", "vocab": "vocab", "head_dim": "head_dim", "experts": "experts",
+        "top_k": "top_k", "shared_experts": "shared_experts",
+        "capacity_factor": "capacity_factor", "glu": "gated", "tied": "tied",
+        "positions": "positions", "seq": "seq"}  # fmt: skip
+FLAGS = ("glu", "tied", "positions")
+REQUIRED = ("layers", "d_model", "heads")
+DEFAULT_VOCAB = 32000  # Llama 2's and Mistral's tokenizer, where no vocab is given
+DEFAULT_SEQ = 2048
+MAX_CONFIG_BYTES = 1 << 20
+# Hugging Face config.json keys (Llama, Mistral, Qwen, Mixtral, DeepSeek, GPT-2, GPT-NeoX)
+HF = {
+    "layers": ("num_hidden_layers", "n_layer"),
+    "d_model": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads",),
+    "vocab": ("vocab_size",),
+    "head_dim": ("head_dim",),
+    "experts": ("num_local_experts", "n_routed_experts", "num_experts"),
+    "top_k": ("num_experts_per_tok",),
+    "shared_experts": ("n_shared_experts",),
+    "seq": ("max_position_embeddings", "n_positions"),
+}
+
+
+def parse_shape(text: str, seq_len: int | None = None) -> TransformerShape:
+    """``layers=L,d_model=D,heads=H[,kv_heads=G][,ffn=F][,vocab=V][,experts=E,top_k=K,
+    shared_experts=S][,glu=1]...`` as a shape (``seq_len`` wins over ``seq=``)."""
+    given: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in KEYS:
+            raise UsageError(f"--model-shape: {part!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(KEYS)}")  # fmt: skip
+        if key in given:
+            raise UsageError(f"--model-shape: {key} given twice")
+        given[key] = value.strip()
+    values: dict[str, object] = {}
+    for key, value in given.items():
+        try:
+            number = float(value) if key == "capacity_factor" else int(value)
+        except ValueError:
+            raise UsageError(f"--model-shape: {key}={value!r} is not a number") from None
+        if key in FLAGS and number not in (0, 1):
+            raise UsageError(f"--model-shape: {key} is 0 or 1 (got {value})")
+        if number < 0:
+            raise UsageError(f"--model-shape: {key} must be >= 0 (got {value})")
+        values[key] = bool(number) if key in FLAGS else number
+    return _shape(values, seq_len, "--model-shape")
+
+
+def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape:
+    """A Hugging Face ``config.json`` as a shape: layers, width, heads (and key/value
+    heads), the MLP's width (``intermediate_size``; an MoE's per-expert
+    ``moe_intermediate_size``), experts, vocabulary, SwiGLU from ``hidden_act``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--model-shape-file {path}: no such file")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"--model-shape-file {path}: larger than 1 MiB; not a config.json")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--model-shape-file {path}: not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--model-shape-file {path}: not a JSON object")
+    values: dict[str, object] = {}
+    for key, names in HF.items():
+        found = next((cfg[n] for n in names if isinstance(cfg.get(n), int)), None)
+        if found is not None:
+            values[key] = found
+    experts = int(values.get("experts") or 0)
+    ffn = cfg.get("moe_intermediate_size") if experts else None
+    ffn = ffn or cfg.get("intermediate_size") or cfg.get("n_inner")
+    if isinstance(ffn, int):
+        values["ffn"] = ffn
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "")))
+    values["gated"] = act in ("silu", "swiglu", "swish")
+    values["tied"] = bool(cfg.get("tie_word_embeddings", "n_embd" in cfg))
+    values["positions"] = "n_positions" in cfg  # GPT-2's learned table; else rotary
+    if not experts:
+        values.pop("top_k", None)
+        values.pop("shared_experts", None)
+    return _shape(values, seq_len, f"--model-shape-file {path}")
+
+
+def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> TransformerShape:
+    if missing := [k for k in REQUIRED if not values.get(k)]:
+        raise UsageError(f"{flag}: {', '.join(missing)} missing (needs layers, d_model, heads)")
+    kw = {KEYS.get(k, k): v for k, v in values.items()}
+    kw["seq"] = seq_len or values.get("seq") or DEFAULT_SEQ
+    kw.setdefault("vocab", DEFAULT_VOCAB)
+    kw.setdefault("tied", False)
+    kw.setdefault("positions", False)
+    if kw.get("top_k", 1) and not kw.get("experts"):
+        kw.pop("top_k", None)
+    try:
+        return TransformerShape(**kw)
+    except UsageError as e:
+        raise UsageError(f"{flag}: {str(e).removeprefix('transformer shape: ')}") from None
+
+
+def register(shape: TransformerShape) -> str:
+    """The name ``shape`` is priced under (registered once), a text that spells it."""
+    parts = [f"layers={shape.layers}", f"d_model={shape.d_model}", f"heads={shape.heads}"]
+    for key in ("kv_heads", "head_dim", "ffn", "experts", "top_k", "shared_experts"):
+        value = getattr(shape, key)
+        if value and not (key == "top_k" and not shape.experts):
+            parts.append(f"{key}={value}")
+    parts += [f"vocab={shape.vocab}", f"glu={int(shape.gated)}", f"seq={shape.seq}"]
+    name = "shape:" + ",".join(parts)
+    if name not in TRANSFORMERS.names():
+        register_transformer(name, shape, "a user's shape (--model-shape)")
+    return name
+
+
+def describe(shape: TransformerShape) -> str:
+    """The count in a line: parameters (and those active per token), training FLOPs per
+    token, and what the shape assumed."""
+    active = shape.params - shape.expert_params()
+    if shape.experts:
+        active += shape.layers * shape.top_k * shape.mlp_params()
+    per_token = shape.flops_per_sequence() / shape.seq
+    moe = f", {active / 1e9:.3g} B active per token" if shape.experts else ""
+    return (f"{shape.params / 1e9:.3g} B parameters{moe}; {per_token / 1e9:.3g} GFLOP per "
+            f"token to train (forward and backward, closed form); vocab {shape.vocab:,}, "
+            f"{shape.seq:,} tokens, {'SwiGLU' if shape.gated else 'GELU'}, "
+            f"{'tied' if shape.tied else 'untied'} embeddings, "
+            f"{'learned' if shape.positions else 'rotary'} positions")  # fmt: skip
+
+
+def model_named(model: str | None, shape: str | None, shape_file: str | None,
+                seq_len: int | None = None) -> tuple[str, TransformerShape | None]:  # fmt: skip
+    """The name to price from ``--model``, ``--model-shape`` or ``--model-shape-file``
+    (exactly one), and the user's shape where one was given."""
+    given = [f for f, v in (("--model", model), ("--model-shape", shape),
+                            ("--model-shape-file", shape_file)) if v]  # fmt: skip
+    if len(given) != 1:
+        raise UsageError(
+            "give one of --model NAME, --model-shape KEY=VALUE,... or "
+            f"--model-shape-file config.json (got {', '.join(given) or 'none'})"
+        )
+    if model:
+        return model, None
+    found = parse_shape(shape, seq_len) if shape else shape_from_config(shape_file, seq_len)
+    return register(found), found
+
+
+def with_seq(model: str, seq_len: int) -> str:
+    """``model`` (a zoo transformer) at ``seq_len`` tokens, registered as a shape."""
+    import dataclasses
+
+    if model not in TRANSFORMERS.names():
+        raise UsageError(f"--seq-len is for transformers; --model {model} is not one")
+    return register(dataclasses.replace(TRANSFORMERS.get(model).shape, seq=seq_len))

@@ -1,0 +1,113 @@
+"""Issue 52, any model by its shape: ``--model-shape`` and ``--model-shape-file`` counted
+as the published figures count them, priced by ``refdl predict`` and ``refdl plan``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from refdl.errors import UsageError
+from refdl.perf.shapes import describe, parse_shape, register, shape_from_config
+from refdl.perf.zoo import TRANSFORMERS
+
+# Mixtral 8x7B's config.json (mistralai/Mixtral-8x7B-v0.1), the keys a shape reads
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+           "intermediate_size": 14336, "max_position_embeddings": 32768,
+           "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+           "num_key_value_heads": 8, "num_local_experts": 8, "vocab_size": 32000,
+           "tie_word_embeddings": False}  # fmt: skip
+GPT2 = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "vocab_size": 50257,
+        "activation_function": "gelu_new"}  # fmt: skip
+SHAPE = "layers=42,d_model=5120,heads=40,kv_heads=8,ffn=13824,vocab=32000,glu=1"
+
+
+def test_a_shape_counts_as_the_published_models_do(tmp_path):
+    """Llama 3 8B by its shape is the zoo's (8.03 B, Meta's figure); Mixtral's config.json
+    gives 46.7 B parameters and 12.9 B active per token (Mistral's figures); GPT-2's
+    config.json is the zoo's GPT-2 (124.4 M, tied, learned positions)."""
+    llama = parse_shape("layers=32,d_model=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,"
+                        "glu=1", 8192)  # fmt: skip
+    zoo = TRANSFORMERS.get("llama3-8b").shape
+    assert llama == zoo and round(llama.params / 1e9, 2) == 8.03
+    (tmp_path / "mixtral.json").write_text(json.dumps(MIXTRAL))
+    mixtral = shape_from_config(str(tmp_path / "mixtral.json"), 4096)
+    assert round(mixtral.params / 1e9, 1) == 46.7 and mixtral.gated and mixtral.top_k == 2
+    assert "12.9 B active per token" in describe(mixtral)
+    (tmp_path / "gpt2.json").write_text(json.dumps(GPT2))
+    gpt2 = shape_from_config(str(tmp_path / "gpt2.json"))
+    assert gpt2 == TRANSFORMERS.get("gpt2").shape and gpt2.params == 124_356_864
+    # shared experts: every token's dense MLP, counted beside the routed ones
+    moe = parse_shape("layers=2,d_model=64,heads=4,experts=8,top_k=2,vocab=100", 16)
+    shared = parse_shape("layers=2,d_model=64,heads=4,experts=8,top_k=2,shared_experts=1,"
+                         "vocab=100", 16)  # fmt: skip
+    assert shared.params - moe.params == 2 * moe.mlp_params()
+    assert shared.layer_forward_flops() - moe.layer_forward_flops() == 2 * 16 * moe.mlp_params()
+    assert register(llama) == register(llama)  # registered once, by a name that spells it
+
+
+@pytest.mark.parametrize("text,message", [
+    ("layers=2,dmodel=8", "'dmodel=8' is not KEY=VALUE"),
+    ("layers=2,d_model=8", "heads missing"),
+    ("layers=2,d_model=8,heads=3", "d_model 8 must divide by heads 3"),
+    ("layers=2,d_model=8,heads=2,glu=2", "glu is 0 or 1"),
+    ("layers=x,d_model=8,heads=2", "layers='x' is not a number"),
+    ("layers=2,d_model=8,heads=2,shared_experts=1", "shared_experts needs experts"),
+])  # fmt: skip
+def test_a_bad_shape_is_one_line(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_shape(text)
+
+
+def test_a_config_file_is_read_as_data(tmp_path):
+    for content, message in ((b"\x00\x01", "not JSON"), (b"[1, 2]", "not a JSON object"),
+                             (b"{}", "layers, d_model, heads missing")):  # fmt: skip
+        (tmp_path / "c.json").write_bytes(content)
+        with pytest.raises(UsageError, match=message):
+            shape_from_config(str(tmp_path / "c.json"))
+    (tmp_path / "big.json").write_bytes(b" " * (2 << 20))
+    with pytest.raises(UsageError, match="larger than 1 MiB"):
+        shape_from_config(str(tmp_path / "big.json"))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "refdl", *args], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_plan_and_predict_take_a_shape():
+    """The issue's plan command: configurations with their mesh, schedule, microbatches,
+    recomputation, stage boundaries, interval and memory, well under 30 s; predict's
+    command: the step with its interval and the model FLOPs per device and second."""
+    t0 = time.perf_counter()
+    p = cli("plan", "--hw", "a100-nvlink-ib-hdr", "--model-shape", SHAPE, "--devices", "256",
+            "--batch-size", "1024", "--seq-len", "4096", "--top", "5", "--json")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert time.perf_counter() - t0 < 30
+    r = json.loads(p.stdout)
+    assert r["model_shape"].startswith("11.9 B parameters") and len(r["configurations"]) == 5
+    for c in r["configurations"]:
+        assert {"mesh", "schedule", "microbatches", "recompute", "stage_boundaries",
+                "step_time_s", "step_time_low_s", "step_time_high_s",
+                "memory_bytes_per_device"} <= set(c)  # fmt: skip
+        assert c["step_time_low_s"] < c["step_time_s"] < c["step_time_high_s"]
+        pipe = c["mesh"]["pipe"]
+        assert (c["stage_boundaries"] is None) == (pipe == 1)
+    mesh = "data=16,model=4,pipe=2"
+    args = ["predict", "--hw", "h100-nvlink-ib-ndr", "--model-shape", SHAPE, "--batch-size",
+            "512", "--seq-len", "4096", "--mesh", mesh, "--schedule", "interleaved",
+            "--recompute", "full", "--precision", "bf16", "--json"]  # fmt: skip
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)[0]
+    assert row["strategy"] == "hybrid" and row["workers"] == 128
+    assert row["step_time_low_s"] < row["step_time_s"] < row["step_time_high_s"]
+    mfu = row["model_flops_per_device_per_s"] / 989e12  # H100 SXM's dense bf16 peak
+    assert 0.05 < mfu < 0.6
+    unfused = json.loads(cli(*args, "--attention", "unfused").stdout)[0]
+    assert unfused["memory_bytes"] == row["memory_bytes"]  # full recomputation keeps no scores
+    p = cli("predict", "--hw", "a100-nvlink", "--model", "gpt2", "--model-shape", SHAPE)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "give one of" in p.stderr
