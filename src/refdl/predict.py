@@ -30,7 +30,7 @@ from refdl.cli import Parser
 from refdl.comm.compress import SPARSE
 from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
-from refdl.config.values import Float, Int
+from refdl.config.values import Float, Int, Ints
 from refdl.errors import UsageError
 from refdl.models import MODELS
 from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
@@ -252,6 +252,10 @@ def _step_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--remat", "--recompute", dest="remat", default="none",
                    help="none, selective or full recomputation")  # fmt: skip
+    p.add_argument("--stage-boundaries", metavar="I,J,...",
+                   help="transformers on pipe > 1: the layers where the second stage on "
+                        "begin (default: equal stages, or a layer fewer at the ends where "
+                        "pipe does not divide the layers)")  # fmt: skip
     p.add_argument("--attention", default="fused",
                    help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
                         "a layer kept for the backward)")  # fmt: skip
@@ -259,6 +263,16 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
     return p
+
+
+def _boundaries(text: str | None) -> tuple[int, ...] | None:
+    """``--stage-boundaries I,J,...`` as layer indices (one line where it is not)."""
+    if text is None:
+        return None
+    try:
+        return Ints(like="7,15").parse(text)
+    except ValueError as e:
+        raise UsageError(f"--stage-boundaries must be {e}") from None
 
 
 def _step_main(argv: list[str]) -> int:
@@ -307,6 +321,7 @@ def _step_main(argv: list[str]) -> int:
             sequence_parallel=args.sequence_parallel,
             remat=args.remat,
             attention=args.attention,
+            stage_boundaries=_boundaries(args.stage_boundaries),
         )
         rows = predict_steps(
             args.hw, args.strategy, traits, model, args.batch_size, workers, args.scaling,

@@ -111,3 +111,52 @@ def test_plan_and_predict_take_a_shape():
     assert unfused["memory_bytes"] == row["memory_bytes"]  # full recomputation keeps no scores
     p = cli("predict", "--hw", "a100-nvlink", "--model", "gpt2", "--model-shape", SHAPE)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "give one of" in p.stderr
+
+
+def test_uneven_stages_are_priced():
+    """126 layers on 16 stages (Llama 3 405B's pipeline): a layer fewer on the first and
+    last stage, priced by the busiest stage (8 layers, as 128 layers' even stages), a
+    worse cut dearer."""
+    from refdl.perf import PredictOptions
+    from refdl.perf.prediction import predict_steps
+    from refdl.perf.shapes import parse_shape, register
+    from refdl.perf.transformer import stage_layers
+    from refdl.strategies import traits_of
+
+    assert stage_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert stage_layers(10, 4) == [2, 3, 3, 2] and stage_layers(8, 2, (3,)) == [3, 5]
+    with pytest.raises(UsageError, match="15 increasing layer indices"):
+        stage_layers(126, 16, (5, 13))
+    shape = "d_model=16384,heads=128,kv_heads=8,ffn=53248,vocab=128256,glu=1"
+    l126, l128 = (register(parse_shape(f"layers={n},{shape}", 8192)) for n in (126, 128))
+
+    def step(model: str, cuts: tuple[int, ...] | None = None) -> float:
+        opts = PredictOptions(mesh="data=16,model=8,pipe=16", microbatches=64,
+                              remat="full", stage_boundaries=cuts)  # fmt: skip
+        return predict_steps("h100-nvlink-ib-ndr", "hybrid", traits_of("hybrid"), model, 2048,
+                             [2048], opts=opts, precision="bf16")[0]["step_time_s"]  # fmt: skip
+
+    even, uneven = step(l128), step(l126)
+    assert uneven == pytest.approx(even, rel=0.02) and uneven < even
+    worse = (*range(7, 119, 8), 120)  # 7, 15, ..., 111, 120: a stage of 9 before the last
+    assert stage_layers(126, 16, worse)[-2] == 9
+    assert step(l126, worse) == pytest.approx(uneven * 9 / 8, rel=0.02)
+
+
+@pytest.mark.slow  # 9 s
+def test_the_planner_offers_uneven_stages():
+    """The issue's 126-layer shape: the planner offers pipe=16 with uneven stages and
+    their boundaries (a layer fewer on the first and last)."""
+    from refdl.perf.planning import plan_configurations
+    from refdl.perf.shapes import parse_shape, register
+    from refdl.strategies import STRATEGIES
+
+    shape = "d_model=16384,heads=128,kv_heads=8,ffn=53248,vocab=128256,glu=1"
+    l126 = register(parse_shape(f"layers=126,{shape}", 8192))
+    owners = {n: STRATEGIES.get(n).traits for n in STRATEGIES.names()}
+    record, _ = plan_configurations("h100-nvlink-ib-ndr", l126, 512, 512, strategies=owners,
+                                    top=400, precisions=("bf16",))  # fmt: skip
+    sixteen = [c for c in record["configurations"] if c["mesh"]["pipe"] == 16]
+    assert sixteen and all("uneven stages" in c["description"] for c in sixteen)
+    cuts = sixteen[0]["stage_boundaries"]
+    assert len(cuts) == 15 and cuts[0] == 7 and cuts[-1] == 119

@@ -8,7 +8,17 @@ from typing import Any, Protocol
 from refdl.config.choices import CONTEXT_ATTENTION, PIPELINE_SCHEDULES, PS_MODES, REMAT
 from refdl.config.codec import Compression
 from refdl.config.mesh import MeshLayout
-from refdl.config.values import Choice, Flag, Float, Int, Optional, Parsed, Text, parse_typed
+from refdl.config.values import (
+    Choice,
+    Flag,
+    Float,
+    Int,
+    Ints,
+    Optional,
+    Parsed,
+    Text,
+    parse_typed,
+)
 from refdl.errors import UsageError
 from refdl.perf.ops import op_time
 
@@ -96,6 +106,9 @@ class PredictOptions:
     # attention scores kept for the backward: none with a fused kernel (flash attention,
     # every current stack's default), 5 a s^2 b bytes a layer unfused
     attention: str = _opt("fused", Choice(("fused", "unfused")))
+    # transformers on pipe > 1: the layers where the second stage on begin (default: equal
+    # stages, or a layer fewer at the ends where pipe does not divide the layers)
+    stage_boundaries: tuple[int, ...] | None = _opt(None, Optional(Ints(like="7,15")))
     # transformers on a mesh: ZeRO stage over the data axis (1: optimizer state split over
     # it, 2: and the gradients; the fsdp axis is stage 3), moving the same bytes
     data_zero: int = _opt(0, Int(min=0, max=2))

@@ -46,6 +46,7 @@ from refdl.perf.transformer import (
     axis_links,
     check_mesh,
     remat_factor,
+    stage_layers,
     state_bytes,
 )
 from refdl.registry import Registry
@@ -366,6 +367,19 @@ def transformer_step(
                 **host_work(m, batch, workers)}  # fmt: skip
     t = compute_time(m.flops(b) * factor / split, m.bytes(b) * factor / split, hw,
                      sharing=workers, **walk)  # fmt: skip
+    # uneven stages: the busiest device sets the pace (its layers over the mean; the
+    # output layer's work stays spread, as with equal stages). Without boundaries whole
+    # layers are dealt as evenly as they go, ceil(layers / pipe) on the busiest (a
+    # device's chunks, interleaved or V, share its layers).
+    busiest = shape.layers / mesh.pipe
+    if mesh.pipe > 1 and opts.stage_boundaries:
+        if chunks_of(opts.schedule, opts.chunks) > 1:
+            raise UsageError("--stage-boundaries cuts one stage a device (1f1b, gpipe, "
+                             f"zb-h1), not {opts.schedule}'s chunks")  # fmt: skip
+        busiest = max(stage_layers(shape.layers, mesh.pipe, opts.stage_boundaries))
+    elif mesh.pipe > 1:
+        busiest = -(-shape.layers // mesh.pipe)
+    t *= busiest / (shape.layers / mesh.pipe)
     v = chunks_of(opts.schedule, opts.chunks) if mesh.pipe > 1 else 1
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
@@ -382,9 +396,11 @@ def transformer_step(
         bubble = t * f / (1 - f)
     stash = 1 if mesh.pipe == 1 else (mb if opts.schedule in ("gpipe", "looped-bfs")
                                       else min(mesh.pipe, mb))  # fmt: skip
-    mem = state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
+    heavy = busiest / (shape.layers / mesh.pipe)  # the busiest stage's state, too
+    mem = heavy * state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
     mem += activation_bytes(shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat,
-                            opts.precision, fused=opts.attention == "fused")  # fmt: skip
+                            opts.precision, fused=opts.attention == "fused",
+                            busiest=busiest)  # fmt: skip
     return CostBreakdown(
         compute_s=t,
         comm_s=sum(e for _, _, e, _ in by_axis),

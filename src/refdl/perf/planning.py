@@ -18,6 +18,7 @@ from refdl.config.plan import Traits
 from refdl.config.values import Int
 from refdl.errors import UsageError
 from refdl.perf import OPTIMIZER_WORDS
+from refdl.perf.transformer import stage_layers
 
 MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
 
@@ -50,11 +51,13 @@ def default_optimizer(name: str) -> str:
 
 def boundaries(c: Any, layers: int) -> list[int] | None:
     """The layers where each pipeline stage (each chunk of it, interleaved) begins after
-    the first: equal stages (``refdl train --stage-boundaries``); None without stages."""
+    the first (``refdl train --stage-boundaries``): equal stages, or a layer fewer at the
+    ends where the stages do not divide the layers; None without stages."""
     stages = c.mesh.pipe * max(c.chunks, 1)
     if c.mesh.pipe == 1 or not layers:
         return None
-    return [round(i * layers / stages) for i in range(1, stages)]
+    sizes = stage_layers(layers, stages)
+    return [sum(sizes[:i]) for i in range(1, stages)]
 
 
 def row(p: Any, transformer: bool, strategies: Mapping[str, Traits],

@@ -62,6 +62,7 @@ class Config:
     sequence_parallel: bool = False
     cp: str = "ring"
     muon: str = ""  # optimizer muon: how whole matrices are reached (Planner.muon_scheme)
+    uneven: bool = False  # pipe does not divide the layers (refdl.perf.transformer.stage_layers)
 
     def strategy(self, transformer: bool, owners: Mapping[str, Traits]) -> str:
         """The strategy that runs it (and whose cost formula prices it), asked of the
@@ -93,6 +94,8 @@ class Config:
             parts.append(f"mb {self.microbatches}")
         if self.sequence_parallel:
             parts.append("sp")
+        if self.uneven:
+            parts.append("uneven stages")
         if self.mesh.context > 1:
             parts.append(f"cp {self.cp}")
         if self.remat != "none":
@@ -203,6 +206,8 @@ def schedules(p: int, m: int, layers: int) -> list[tuple[str, int]]:
     if p == 1:
         return [("1f1b", 1)]
     out = [("1f1b", 1)]
+    if layers % p:  # uneven stages: one stage a device
+        return out + [("zb-h1", 1)] * _bubble_ok("zb-h1", p, m, 1)
     if m % p == 0:
         out += [("interleaved", v) for v in range(2, MAX_CHUNKS + 1)
                 if layers % (p * v) == 0]  # fmt: skip
@@ -277,8 +282,8 @@ class Planner:
         s = self.shape
         if s is None:
             return mesh.pipe <= self.m.layers
-        if s.heads % mesh.model or s.seq % mesh.context or s.layers % mesh.pipe:
-            return False  # stages of whole, equal layer counts (Megatron's rule)
+        if s.heads % mesh.model or s.seq % mesh.context or s.layers < mesh.pipe:
+            return False  # uneven stages where pipe does not divide the layers (1f1b, zb-h1)
         return not (mesh.expert > 1 and (not s.experts or s.experts % mesh.expert))
 
     def candidates(self, mesh: MeshSpec, precisions: tuple[str, ...]) -> Iterator[Config]:
@@ -296,7 +301,8 @@ class Planner:
                         continue
                     sp = self.sequence_parallel(mesh)
                     base = Config(mesh, precision=precision, remat=remat, cp=cp,
-                                  sequence_parallel=sp)  # fmt: skip
+                                  sequence_parallel=sp,
+                                  uneven=bool(layers % mesh.pipe))  # fmt: skip
                     if mesh.pipe == 1:
                         yield base
                         continue

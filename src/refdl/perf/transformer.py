@@ -22,6 +22,7 @@ parallel program, and a GPT-3-size step cannot be compiled here. So, for a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 from refdl.config.mesh import MeshSpec
@@ -181,6 +182,36 @@ class TransformerShape:
         return sbh * (per + scores) * ACT_BYTES[precision] / 2
 
 
+def stage_layers(layers: int, pipe: int, boundaries: tuple[int, ...] | None = None) -> list[int]:
+    """The layers of each of ``pipe`` stages: cut at ``boundaries`` (the layers where the
+    second stage on begin, as ``refdl train --stage-boundaries``), else equal where
+    ``pipe`` divides ``layers``, else a layer fewer on the stages at the ends, first and
+    last first (as Llama 3's 126 layers on 16 stages: the first and last stages also
+    hold the embedding and the output layer).
+
+    >>> stage_layers(126, 16)
+    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+    >>> stage_layers(8, 2, (3,))
+    [3, 5]
+    """
+    if boundaries:
+        edges = [0, *boundaries, layers]
+        sizes = [b - a for a, b in itertools.pairwise(edges)]
+        if len(boundaries) != pipe - 1 or min(sizes) < 1:
+            raise UsageError(f"--stage-boundaries must be {pipe - 1} increasing layer indices "
+                             f"in 1..{layers - 1} for {pipe} stages (got "
+                             f"{','.join(map(str, boundaries))})")  # fmt: skip
+        return sizes
+    if layers < pipe:
+        raise UsageError(f"{layers} layers cannot fill pipe={pipe} stages")
+    base = -(-layers // pipe)
+    sizes = [base] * pipe
+    ends = [i for pair in zip(range(pipe), range(pipe - 1, -1, -1), strict=True) for i in pair]
+    for i in list(dict.fromkeys(ends))[: base * pipe - layers]:
+        sizes[i] -= 1
+    return sizes
+
+
 def axis_links(mesh: MeshSpec, hw: Any, link_of: Any) -> dict[str, Link]:
     """Each axis's link: the node's while the devices from the innermost axis (in
     ``NODE_ORDER``) up to this one fit in a node, else the network's."""
@@ -319,15 +350,16 @@ def state_bytes(
 
 def activation_bytes(
     shape: TransformerShape, mesh: MeshSpec, batch: float, microbatches: int, stash: int,
-    sp: bool, remat: str, precision: str, fused: bool = True,
+    sp: bool, remat: str, precision: str, fused: bool = True, busiest: float | None = None,
 ) -> float:  # fmt: skip
-    """Activations the busiest stage holds: ``stash`` microbatches of its ``layers / pipe``
-    layers, plus one microbatch's fp32 logits split over ``model`` (the last stage's)."""
+    """Activations the busiest stage holds: ``stash`` microbatches of its ``busiest``
+    layers (default ``layers / pipe``), plus one microbatch's fp32 logits split over
+    ``model`` (the last stage's)."""
     b = batch / (mesh.data * mesh.fsdp * mesh.expert) / microbatches
     per_layer = shape.layer_activation_bytes(b, mesh.model, mesh.context, sp, remat, precision,
                                              fused)  # fmt: skip
     logits = 4.0 * b * shape.seq / mesh.context * shape.vocab / mesh.model
-    return stash * per_layer * shape.layers / mesh.pipe + logits
+    return stash * per_layer * (busiest or shape.layers / mesh.pipe) + logits
 
 
 def check_mesh(shape: TransformerShape, mesh: MeshSpec, cp: str) -> None:
