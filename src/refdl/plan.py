@@ -98,6 +98,10 @@ def show(record: dict[str, Any]) -> None:
               f"{c['description']}")  # fmt: skip
     if "why_first" in record:
         print(f"#1 is {record['why_first']}")
+    tied = record.get("indistinguishable_from_best_count", 0)
+    if tied > 1:
+        print(f"{tied:,} configurations lie within {record['tie_band'] - 1:.0%} of #1, the "
+              "model's paired error: it cannot rank them (docs/performance-model.md)")  # fmt: skip
 
 
 def draw(record: dict[str, Any], path: str) -> None:

@@ -608,4 +608,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(v['best_in_top3'])}; of the {v['wide_searches']} with more than 3 "
               f"candidates, top 3 {_fmt(v['wide_best_in_top3'])}; mean Kendall tau "
               f"{'-' if tau is None else f'{tau:.2f}'}")  # fmt: skip
+    t = s["searches"]["ties"]
+    print(f"ties (plan's band x{t['tie_band']:g}, set from {t['set_from']}'s searches) on the "
+          f"{t['searches']} others: the source's fastest in the tie set "
+          f"{_fmt(t['best_in_tie_set'])}, the set {_fmt(t['mean_tie_set_share'])} of the "
+          f"candidates; {_fmt(t['pairs_within_band'])} of {t['pairs']} measured pairs' ratios "
+          "within the band")  # fmt: skip
     return 0

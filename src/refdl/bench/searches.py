@@ -20,10 +20,14 @@ false``), so the held-out part judges the ranking on cases it was not tuned on.
 from __future__ import annotations
 
 import dataclasses
+import math
 from statistics import mean
 from typing import Any
 
 from refdl.errors import UsageError
+from refdl.perf.search import TIE_BAND
+
+TIE_SOURCE = "bigscience_tr11_prequel"  # the searches TIE_BAND was set from
 
 SEARCH_KEYS = {"id", "source", "where", "quote", "hw", "library", "model", "workers", "nodes",
                "precision", "base", "candidates", "best", "note"}  # fmt: skip
@@ -107,11 +111,14 @@ def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pub = [r["published"] for r in rs]
         pred = [r["predicted"] for r in rs]
         best = pub.index(min(pub))
+        pairs = [abs(math.log(pred[i] / pred[j]) - math.log(pub[i] / pub[j]))
+                 for i in range(len(rs)) for j in range(i + 1, len(rs))]  # fmt: skip
         out.append({"search": key, "kind": "measured", "part": rs[0]["part"],
                     "source": rs[0]["source"], "candidates": len(rs),
                     "best": rs[best]["layout_text"], "refdl_rank_of_best": rank_of(pred, best),
                     "refdl_first": rs[pred.index(min(pred))]["layout_text"],
-                    "kendall_tau_b": kendall_tau_b(pred, pub)})  # fmt: skip
+                    "kendall_tau_b": kendall_tau_b(pred, pub), **ties(pred, best),
+                    "pair_log_errors": pairs})  # fmt: skip
     return out
 
 
@@ -129,8 +136,34 @@ def stated(searches: list[Stated], predict: Any) -> list[dict[str, Any]]:
             continue
         text = [", ".join(f"{k}={v}" for k, v in c.items()) for c in s.candidates]
         out.append({**row, "best": text[s.best], "refdl_rank_of_best": rank_of(pred, s.best),
-                    "refdl_first": text[pred.index(min(pred))]})  # fmt: skip
+                    "refdl_first": text[pred.index(min(pred))], **ties(pred, s.best)})  # fmt: skip
     return out
+
+
+def ties(predicted: list[float], best: int) -> dict[str, Any]:
+    """The candidates refdl plan would call indistinguishable from its fastest (within
+    ``TIE_BAND``): whether the source's fastest is among them, and how many they are."""
+    top = min(predicted) * TIE_BAND
+    return {"best_in_tie_set": predicted[best] <= top,
+            "tie_set": sum(t <= top for t in predicted)}  # fmt: skip
+
+
+def tie_check(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """``TIE_BAND`` judged on the searches it was not set from (all but ``TIE_SOURCE``'s):
+    how often the source's fastest lies in the tie set, the set's share of the
+    candidates, and the share of measured pairs whose ratio the band holds."""
+    held = [r for r in results if r.get("source") != TIE_SOURCE and "best_in_tie_set" in r]
+    pairs = [e for r in held for e in r.get("pair_log_errors", [])]
+    band = math.log(TIE_BAND)
+    return {
+        "tie_band": TIE_BAND,
+        "set_from": TIE_SOURCE,
+        "searches": len(held),
+        "best_in_tie_set": _share([r["best_in_tie_set"] for r in held]),
+        "mean_tie_set_share": mean(r["tie_set"] / r["candidates"] for r in held) if held else None,
+        "pairs": len(pairs),
+        "pairs_within_band": _share([e <= band for e in pairs]),
+    }
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,6 +186,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_kendall_tau_b": mean(taus) if taus else None,
         }
     out["skipped"] = [r["search"] for r in results if "skipped" in r]
+    out["ties"] = tie_check(results)
     return out
 
 

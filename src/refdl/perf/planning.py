@@ -111,7 +111,7 @@ def plan_configurations(
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
     ``memory_limit``: bytes per device (default: the device's); ``runnable_only``: only
     what ``refdl train`` runs."""
-    from refdl.perf.search import Planner, why_first
+    from refdl.perf.search import TIE_BAND, Planner, why_first
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
               ("--top", top, 1 << 20))  # fmt: skip
@@ -152,7 +152,15 @@ def plan_configurations(
         "did_not_fit": result.too_big,
         "seconds": seconds,
         "configurations": [row(p, transformer, strategies, cost.layers) for p in result.found],
+        # how many configurations (of all, not only those printed) the model cannot tell
+        # from the fastest: within TIE_BAND of its step
+        "tie_band": TIE_BAND,
+        "indistinguishable_from_best_count": result.tied,
     }
+    if result.found:
+        fastest = result.found[0].step_time_s
+        for r in record["configurations"]:
+            r["indistinguishable_from_best"] = r["step_time_s"] <= fastest * TIE_BAND
     if len(result.found) > 1:
         record["why_first"] = why_first(result.found[0], result.found[1])
     return record, result
