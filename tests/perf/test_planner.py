@@ -187,3 +187,23 @@ def test_ties_are_said_as_ties():
                         "pair_log_errors": [0.1, 0.3]}])  # fmt: skip
     assert check["best_in_tie_set"] == 1.0 and check["pairs_within_band"] == 0.5
     assert check["tie_band"] == TIE_BAND
+
+
+def test_dualpipev_is_priced_as_zbv_and_named_by_its_rows():
+    """DualPipeV's closed-form bubble is ZB-V's where it holds (m >= 2p): the same step,
+    so the search names it on ZB-V's rows instead of repeating each one."""
+    from refdl.config.mesh import MeshSpec
+    from refdl.perf import PredictOptions
+    from refdl.perf.prediction import predict_steps
+    from refdl.perf.search import Config
+    from refdl.strategies import traits_of
+
+    def step(schedule: str) -> float:
+        opts = PredictOptions(mesh="data=2,pipe=4", microbatches=8, schedule=schedule)
+        return predict_steps("a100-nvlink", "hybrid", traits_of("hybrid"), "gpt3-1.3b", 32,
+                             [8], opts=opts, precision="bf16")[0]["step_time_s"]  # fmt: skip
+
+    assert step("dualpipev") == step("zbv")
+    v = Config(MeshSpec(data=2, pipe=4), microbatches=8, schedule="zbv")
+    assert "zbv (or dualpipev, the same price) mb 8" in v.describe()
+    assert "dualpipev" not in Config(MeshSpec(pipe=4), microbatches=6, schedule="zbv").describe()

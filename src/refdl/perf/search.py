@@ -12,6 +12,7 @@ the context attention. What is enumerated, and what is not (dominated choices):
   ``model``, the sequence over ``context``, experts over ``expert``, layers over
   ``pipe``, the global batch over ``data x fsdp x expert``);
 - sequence parallelism whenever ``model`` > 1 (the same collective time, less memory);
+- DualPipeV: priced as ZB-V, so a ZB-V row with ``m >= 2p`` names it as an equal choice;
 - the ZeRO stage: the lowest that fits (every stage moves the same bytes here);
 - without pipeline stages, the fewest microbatches that fit (more only add latency);
   with them, 1F1B (GPipe's bubble with more memory is never chosen), interleaved with 2
@@ -95,6 +96,9 @@ class Config:
             parts.append(f"ZeRO-{self.zero}")
         if self.mesh.pipe > 1:
             sched = self.schedule + (f"x{self.chunks}" if self.chunks > 1 else "")
+            if self.schedule == "zbv" and _bubble_ok("dualpipev", self.mesh.pipe,
+                                                     self.microbatches, 2):  # fmt: skip
+                sched += " (or dualpipev, the same price)"
             parts.append(f"{sched} mb {self.microbatches}")
         elif self.microbatches > 1:
             parts.append(f"mb {self.microbatches}")
@@ -221,6 +225,9 @@ def schedules(p: int, m: int, layers: int) -> list[tuple[str, int]]:
     out += [(s, 1) for s in ("zb-h1", "zbv") if _bubble_ok(s, p, m, 2 if s == "zbv" else 1)]
     if ("zbv", 1) in out and layers % (2 * p):
         out.remove(("zbv", 1))
+    # DualPipeV: ZB-V's V of stages, priced as ZB-V (the same closed-form bubble where it
+    # holds, m >= 2p, inside ZB-V's own range): searched as ZB-V's rows, which name it
+    # (Config.describe) rather than repeat each one at the same price
     return out
 
 
