@@ -173,6 +173,12 @@ def test_steady_state_throughput_drops_start_up_and_reads_cumulative_figures():
     rate, how = steady_rate(cum, 64, "cumulative")
     assert rate == pytest.approx(1000.0, rel=1e-9) and "cumulative" in how
     assert steady_rate(cum, 64, "per_step")[0] < 700  # read as per-step it would be wrong
+    # undeclared: the implied elapsed time never falls in the cumulative log, and falls
+    # after the per-step log's slow start (the newcomer's 0.01x was this misreading)
+    assert steady_rate(cum, 64, "auto")[0] == pytest.approx(1000.0, rel=1e-9)
+    assert "read as cumulative figures" in steady_rate(cum, 64, "auto")[1]
+    rate, how = steady_rate(rows, 64, "auto")
+    assert rate == 1000.0 and how.endswith("; read as per-step figures (set throughput= to say)")
     timed = [{"step": t, "loss": 1.0, "wall_time": 100.0 + (5.0 if t else 0) + 0.064 * t}
              for t in range(30)]  # fmt: skip
     assert steady_rate(timed, 64, "per_step")[0] == pytest.approx(1000.0)

@@ -21,6 +21,7 @@ on this machine, and the performance model's prediction for the declared profile
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -153,11 +154,32 @@ def _choose(config: dict[str, Any], steps: int) -> tuple[str, str]:
     )
 
 
+def rate_kind(rows: list[dict], batch_size: int) -> str:
+    """Whether a log's samples_per_s are ``cumulative`` (samples so far / time so far) or
+    ``per_step``, where its configuration does not say: the time each row implies,
+    ``(step + 1) x batch / rate``, never falls in a cumulative log, and falls after a
+    per-step log's slow first step. (A per-step log without one reads the same either
+    way: its rate is constant.)"""
+    per = [r for r in rows if r.get("samples_per_s")]
+    implied = [(r["step"] + 1) * batch_size / r["samples_per_s"] for r in per]
+    rising = all(b >= a for a, b in itertools.pairwise(implied))
+    return "cumulative" if len(implied) >= 3 and rising else "per_step"
+
+
 def steady_rate(rows: list[dict], batch_size: int, kind: str) -> tuple[float | None, str]:
     """The log's steady-state samples/s and how it was read: the rows after the first
     tenth (start-up: compilation, caches), per-step figures by their median, cumulative
     ones (samples so far / time so far) and wall times by samples over time between the
-    first and last steady row."""
+    first and last steady row. ``kind`` ``auto``: ``rate_kind`` decides."""
+    guessed = ""
+    if kind == "auto":
+        kind = rate_kind(rows, batch_size)
+        guessed = f"; read as {kind.replace('_', '-')} figures (set throughput= to say)"
+    rate, how = _steady_rate(rows, batch_size, kind)
+    return rate, how + guessed if rate is not None else how
+
+
+def _steady_rate(rows: list[dict], batch_size: int, kind: str) -> tuple[float | None, str]:
     warm = max(1, int(len(rows) * WARMUP)) if len(rows) > 2 else 0
     steady = rows[warm:]
     first = f"steps {steady[0]['step']}-{steady[-1]['step']}" if steady else ""
@@ -213,7 +235,7 @@ def _throughput(
         "strong",
         opts,
     )[0]
-    theirs, how = steady_rate(rows, spec.batch_size, config.get("throughput", "per_step"))
+    theirs, how = steady_rate(rows, spec.batch_size, config.get("throughput", "auto"))
     if theirs is None:
         note = "The log gives no samples/s and no times."
     else:
