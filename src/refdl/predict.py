@@ -225,7 +225,10 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--sfb", default="off", help="data: sufficient factors (off, auto, all)")
     p.add_argument("--topology", default="ring")
     p.add_argument(
-        "--compress", help="decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4]"
+        "--compress",
+        help="data: the compressed gradient exchange, topk:RATIO[,q8|q4] (q8/q4 "
+        "with --allreduce sparse or sparse-split), qsgd:LEVELS, terngrad or sign; "
+        "decentralized: CHOCO-SGD's top-k messages",
     )
     p.add_argument(
         "--optimizer", default="momentum", help="sgd, momentum, adam or muon (state size)"
@@ -295,10 +298,10 @@ def _step_main(argv: list[str]) -> int:
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         traits = traits_of(args.strategy)
-        if args.compress and not (traits.replicas and "compress" in traits.options):
-            raise UsageError("--compress prices decentralized's top-k messages; for data's "
-                             "sparse allreduce use predict collective --algo sparse "
-                             "--density D")  # fmt: skip
+        if args.compress and "compress" not in traits.options:
+            raise UsageError(f"--compress prices data's compressed exchange and "
+                             f"decentralized's top-k messages; not --strategy "
+                             f"{args.strategy}")  # fmt: skip
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits.axes else 1)

@@ -369,3 +369,42 @@ def test_a_one_row_prediction_is_sped_up_over_one_worker_not_assumed_linear():
     alone = predict_steps("a100-nvlink", "data", traits_of("data"), "gpt2", 64, [64])
     assert alone[0]["speedup"] == pytest.approx(both[1]["speedup"])
     assert alone[0]["efficiency"] < 0.99  # measured 0.95 (2026-11-26); the old rows said 1.00
+
+
+def test_data_prices_every_compressed_exchange_train_runs():
+    """``predict --strategy data --compress ...`` (issue 52): the bytes are the codec's
+    analytic count (which tests/comm/test_sparse.py measures on the compiled step), the
+    exchange is an all-gather of the payloads or SparCML's sparse allreduce, and coding
+    adds memory-bound passes. On K80s over 10 GbE, VGG-16 at 32 workers: q4 top-k by the
+    sparse allreduce beats the dense ring; QSGD's all-gathered payloads do not."""
+    from refdl.comm.compress import make_codec
+    from refdl.config.codec import Compression
+    from refdl.perf import PredictOptions
+    from refdl.perf.collectives import allgather_ring, allreduce_sparse
+    from refdl.perf.costs import FORMULAS, _link, compressed_exchange
+    from refdl.perf.model_cost import model_cost
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
+
+    m, profile = model_cost("vgg16"), hw.load("k80-pcie-10gbe")
+    view = profile.view("expected", "fp32", m.op_class)
+    n, p = m.params, 32
+    for text, algo in (("topk:0.01", "ring"), ("topk:0.01,q4", "sparse"), ("qsgd:8", "ring"),
+                       ("sign", "ring"), ("terngrad", "ring")):  # fmt: skip
+        opts = PredictOptions(compress=text, allreduce=algo)
+        comm, coding, wire = compressed_exchange(m, view, p, opts)
+        codec = make_codec(Compression.parse(text))
+        assert wire == codec.analytic_bytes(n, p, "sparse" if algo == "sparse" else "xla")
+        link = _link(view, p, opts)
+        expect = (allreduce_sparse(4.0 * n, p, link, 0.01, 4) if algo == "sparse"
+                  else allgather_ring(p * codec.payload_bytes(n), p, link))  # fmt: skip
+        assert comm == pytest.approx(expect) and coding > 0
+
+    def step(**kw) -> float:
+        return predict_steps("k80-pcie-10gbe", "data", traits_of("data"), "vgg16", 1024, [32],
+                             opts=PredictOptions(**kw))[0]["step_time_s"]  # fmt: skip
+
+    dense = step()
+    assert step(compress="topk:0.01,q4", allreduce="sparse") < dense < step(compress="qsgd:8")
+    with pytest.raises(UsageError, match="add --compress topk:RATIO"):
+        FORMULAS.get("data_parallel")(m, view, 1024, p, PredictOptions(allreduce="sparse"))

@@ -118,6 +118,9 @@ class HardwareProfile:
     device: DeviceSpec | None
     links: dict[str, LinkSpec]
     achieved: Achieved | None = None
+    # the device's own memory bandwidth, kept by a view that folds memory-bound work into
+    # its fractions (memory_bandwidth inf): what a pass over real bytes takes (B/s)
+    stream_bandwidth: float | None = None
 
     def default_library(self) -> str:
         """The communication library predictions assume unless told (``--library``)."""
@@ -208,7 +211,8 @@ class HardwareProfile:
             bw = math.inf  # byte count, taken before fusion, is no estimate of traffic
         flops = {**d.peak_flops, "float32": peak}
         device = dataclasses.replace(d, peak_flops=flops, memory_bandwidth=bw)
-        return dataclasses.replace(self, device=device, links=links)
+        return dataclasses.replace(self, device=device, links=links,
+                                   stream_bandwidth=d.memory_bandwidth)  # fmt: skip
 
     @property
     def peak_flops(self) -> float:

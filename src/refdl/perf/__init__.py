@@ -24,7 +24,7 @@ from refdl.perf.ops import op_time
 
 # the allreduce algorithms the cost model knows (refdl.perf.collectives), and refdl's names
 ALLREDUCE_MODELS = ("ring", "tree", "recursive-doubling", "rabenseifner", "xla",
-                    "halving-doubling")  # fmt: skip
+                    "halving-doubling", "sparse", "sparse-split")  # fmt: skip
 
 
 class Hardware(Protocol):
@@ -85,7 +85,8 @@ class PredictOptions:
     ps_groups: int = _opt(1, Int(min=1, max=1 << 10))  # ps hierarchical: learner groups
     sfb: str = _opt("off", Choice(("off", "auto", "all")))  # data: sufficient factors
     topology: str = _opt("ring", Text())  # decentralized
-    # decentralized: CHOCO-SGD's top-k messages, topk:RATIO[,q8|q4] (default: replicas)
+    # data: the compressed gradient exchange, topk:RATIO[,q8|q4] (q8/q4 with --allreduce
+    # sparse), qsgd:LEVELS, terngrad or sign; decentralized: CHOCO-SGD's top-k messages
     compress: Compression | None = _opt(None, Optional(Parsed(Compression, "topk:0.01")))  # noqa: RUF009
     # fp32 optimizer words per parameter (momentum 1, adam 2, sgd 0)
     optimizer_words: int = _opt(1, Int(min=0, max=8))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from refdl.comm.compress import make_codec
+from refdl.comm.compress import SPARSE, make_codec
 from refdl.comm.topology import adjacency
 from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
@@ -35,6 +35,7 @@ from refdl.perf.collectives import (
     Link,
     allgather_ring,
     allreduce_ring,
+    allreduce_sparse,
     neighbour_exchange,
     ps_push_pull,
 )
@@ -154,6 +155,11 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
+    if opts.compress is not None or opts.allreduce in SPARSE:
+        comm, coding, wire = compressed_exchange(m, hw, workers, opts)
+        mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample + 4.0 * m.params
+        return CostBreakdown(compute_s=t + coding, comm_s=exposed(comm, t, opts.overlap),
+                             memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire)  # fmt: skip
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
@@ -183,6 +189,40 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
         flops=m.flops(b),
         comm_bytes=wire,
     )
+
+
+def compressed_exchange(m: ModelCost, hw: Any, p: int,
+                        opts: PredictOptions) -> tuple[float, float, float]:  # fmt: skip
+    """``--compress`` on data (``refdl.comm.compress``), priced: each rank encodes its fp32
+    gradient (three passes over it: read it with its residual, select or quantize, keep
+    the new residual), the payloads are all-gathered, or with ``--allreduce sparse``
+    (``sparse-split``) the top-k pairs are summed by SparCML's allreduce
+    (``allreduce_sparse``), and each rank decodes what it receives (every payload into a
+    dense sum; the sparse allreduce's sum is written once). The passes are memory-bound.
+    Returns the exchange's seconds, the coding's, and the bytes all ranks send."""
+    if opts.compress is None:
+        raise UsageError(f"--allreduce {opts.allreduce} sums top-k pairs: add --compress "
+                         "topk:RATIO (e.g. topk:0.01 or topk:0.01,q4)")  # fmt: skip
+    codec, n = make_codec(opts.compress), int(m.params)
+    link = _link(hw, p, opts) if p > 1 else None
+    if opts.allreduce in SPARSE:
+        if codec.kind != "topk":
+            raise UsageError(f"--allreduce {opts.allreduce} sums top-k pairs, not "
+                             f"--compress {opts.compress}")  # fmt: skip
+        comm = allreduce_sparse(4.0 * n, p, link, codec.ratio, codec.bits,
+                                SPARSE[opts.allreduce]) if p > 1 else 0.0  # fmt: skip
+        decode = 4.0 * n
+    else:
+        if codec.bits != 32:
+            raise UsageError(f"--compress {opts.compress}: q8/q4 values are the sparse "
+                             "allreduce's; add --allreduce sparse")  # fmt: skip
+        payload = codec.payload_bytes(n)
+        comm = allgather_ring(p * payload, p, link) if p > 1 else 0.0
+        decode = p * payload + 4.0 * n * (1 if codec.kind == "topk" else p)
+    stream = getattr(hw, "stream_bandwidth", None) or hw.memory_bandwidth
+    coding = (3 * 4.0 * n + decode) / stream
+    algo = opts.allreduce if opts.allreduce in SPARSE else "xla"
+    return comm, coding, float(codec.analytic_bytes(n, p, algo))
 
 
 def sufficient_factors(
