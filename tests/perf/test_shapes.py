@@ -38,7 +38,8 @@ def test_a_shape_counts_as_the_published_models_do(tmp_path):
     assert round(mixtral.params / 1e9, 1) == 46.7 and mixtral.gated and mixtral.top_k == 2
     assert "12.9 B active per token" in describe(mixtral)
     (tmp_path / "gpt2.json").write_text(json.dumps(GPT2))
-    gpt2 = shape_from_config(str(tmp_path / "gpt2.json"))
+    gpt2 = shape_from_config(str(tmp_path / "gpt2.json"), 1024)
+    assert shape_from_config(str(tmp_path / "gpt2.json")).seq == 2048  # not n_positions
     assert gpt2 == TRANSFORMERS.get("gpt2").shape and gpt2.params == 124_356_864
     # shared experts: every token's dense MLP, counted beside the routed ones
     moe = parse_shape("layers=2,d_model=64,heads=4,experts=8,top_k=2,vocab=100", 16)

@@ -329,15 +329,20 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     )
 
 
+def hybrid_mesh(workers: int, opts: PredictOptions) -> MeshSpec:
+    """The mesh ``hybrid`` is priced on: ``opts.mesh``, else model 2 where the workers are
+    even and the rest on data."""
+    if opts.mesh is not None:
+        return opts.mesh.on(workers)
+    return MeshSpec(data=workers // 2, model=2) if workers % 2 == 0 else MeshSpec(data=workers)
+
+
 @FORMULAS.register("mesh")
 def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """data x model x pipe: tensor cost on B/d, pipeline bubble over pipe, and the data
     allreduce of each replica's 1/(model x pipe) share of the gradients; a transformer on
     all six axes by ``transformer_step``."""
-    if opts.mesh is not None:
-        mesh = opts.mesh.on(workers)
-    else:  # model 2 where the workers are even, the rest on data
-        mesh = MeshSpec(data=workers // 2, model=2) if workers % 2 == 0 else MeshSpec(data=workers)
+    mesh = hybrid_mesh(workers, opts)
     if m.transformer is not None:
         return transformer_step(m, hw, batch, mesh, opts)
     if mesh.context > 1 or mesh.expert > 1 or mesh.fsdp > 1:

@@ -30,13 +30,18 @@ NS_STEPS = 5
 SCHEMES = ("gather", "owner")
 
 
-def matrices(m: Any) -> list[tuple[int, int, int]]:
-    """``(count, fan_in, fan_out)`` of the matrices Muon updates in model cost ``m``."""
+def matrices(m: Any, expert: int = 1) -> list[tuple[float, int, int]]:
+    """``(count, fan_in, fan_out)`` of the matrices Muon updates in model cost ``m`` that
+    one device of an ``expert``-way expert axis holds (its share of each expert bank;
+    the shared experts' MLPs whole)."""
     t = m.transformer
     if t is not None:
         h, f = t.d_model, t.hidden
-        mlp = [(t.layers * max(t.experts, 1), h, f)] * (2 if t.gated else 1)
-        mlp.append((t.layers * max(t.experts, 1), f, h))
+        banks = t.layers * max(t.experts, 1) / (expert if t.experts else 1)
+        mlp = []
+        for count in (banks, t.layers * t.shared_experts):
+            if count:
+                mlp += [(count, h, f)] * (2 if t.gated else 1) + [(count, f, h)]
         return [(t.layers, h, t.d_q), (2 * t.layers, h, t.d_kv), (t.layers, t.d_q, h), *mlp]
     return list(m.muon_matrices)
 
@@ -54,18 +59,26 @@ def priced(formula_name: str, c: CostBreakdown, m: Any, hw: Any, workers: int,
     p = max(workers, 1)
     if formula_name == "zero_sharding":
         return on_mesh(c, m, hw, 1, p, scheme, link)
-    if formula_name in ("one_device", "data_parallel"):
-        return on_mesh(c, m, hw, 1, 1, scheme, link)
-    return on_mesh(c, m, hw, p, 1, scheme, link)
+    if formula_name in ("tensor", "pipeline"):  # a shard or a stage of the matrices each
+        return on_mesh(c, m, hw, p, 1, scheme, link)
+    return on_mesh(c, m, hw, 1, 1, scheme, link)  # replicas: every one all of them
+
+
+def mesh_split(mesh: Any, data_zero: int = 0) -> tuple[int, int, int]:
+    """``(split, shards, expert)`` of a mesh for ``on_mesh``: tensor and pipeline axes
+    split the matrices, ZeRO over ``fsdp`` (and ``data`` with ``data_zero``) shards their
+    state, the expert axis splits the expert banks; data and context replicas repeat."""
+    return (mesh.model * mesh.pipe, mesh.fsdp * (mesh.data if data_zero else 1),
+            mesh.expert)  # fmt: skip
 
 
 def on_mesh(c: CostBreakdown, m: Any, hw: Any, split: int, shards: int, scheme: str,
-            link: Any) -> CostBreakdown:  # fmt: skip
+            link: Any, expert: int = 1) -> CostBreakdown:  # fmt: skip
     """``c`` with Muon's terms where each device holds ``1/split`` of every matrix's work
     (tensor and pipeline axes: XLA's sharded products, a stage's own matrices; replicas
     repeat it) and ``shards`` ranks share each matrix's optimizer state (ZeRO), reached
     whole by ``scheme`` (``gather`` or ``owner``; ``link``: those ranks' link)."""
-    mats = matrices(m)
+    mats = matrices(m, expert)
     if not mats:
         return c
     total = sum(k * ns_flops(a, b) for k, a, b in mats) / split

@@ -17,6 +17,7 @@ from refdl import hw
 from refdl.config.plan import Traits
 from refdl.config.values import Int
 from refdl.errors import UsageError
+from refdl.parallel.schedule import chunks_of
 from refdl.perf import OPTIMIZER_WORDS
 from refdl.perf.transformer import stage_layers
 
@@ -53,7 +54,7 @@ def boundaries(c: Any, layers: int) -> list[int] | None:
     """The layers where each pipeline stage (each chunk of it, interleaved) begins after
     the first (``refdl train --stage-boundaries``): equal stages, or a layer fewer at the
     ends where the stages do not divide the layers; None without stages."""
-    stages = c.mesh.pipe * max(c.chunks, 1)
+    stages = c.mesh.pipe * chunks_of(c.schedule, c.chunks)  # ZB-V and DualPipeV: 2
     if c.mesh.pipe == 1 or not layers:
         return None
     sizes = stage_layers(layers, stages)

@@ -21,7 +21,7 @@ from refdl.config.plan import Traits
 from refdl.config.values import Choice, Int
 from refdl.errors import UsageError
 from refdl.perf import PredictOptions, architectures, intervals, muon
-from refdl.perf.costs import FORMULAS, formula_of, link_of
+from refdl.perf.costs import FORMULAS, formula_of, hybrid_mesh, link_of
 from refdl.perf.model_cost import model_cost
 from refdl.perf.overlap import DDP_BUCKET_BYTES
 
@@ -100,7 +100,13 @@ def predict_steps(
         else:
             name, f = traits.cost or "", formula
         c = f(m, h, batch, w, o)
-        return c if o.muon is None else muon.priced(name, c, m, h, w, o.muon, link_of(h, w, o))
+        if o.muon is None:
+            return c
+        if name == "mesh":  # the axes say who holds what, as plan's
+            split, shards, expert = muon.mesh_split(hybrid_mesh(w, o), o.data_zero)
+            link = link_of(h, shards, o) if shards > 1 else None
+            return muon.on_mesh(c, m, h, split, shards, o.muon, link, expert)
+        return muon.priced(name, c, m, h, w, o.muon, link_of(h, w, o))
 
     # the speed-up is over one worker, priced here when no row asks for one (where one
     # worker cannot run the strategy's layout, over the first row, as before)

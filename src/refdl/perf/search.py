@@ -373,14 +373,13 @@ class Planner:
         ``owner`` if the strategy offers the choice (``choosable``), else XLA's sharded
         products priced as ``gather``."""
         mesh = c.mesh
-        split = mesh.model * mesh.pipe
-        shards = mesh.fsdp * (mesh.data if c.zero else 1)
+        split, shards, expert = muon.mesh_split(mesh, c.zero)
         if shards == 1:
             name = "sharded-ns" if mesh.model > 1 else "replicated"
-            return dataclasses.replace(c, muon=name), muon.on_mesh(r, self.m, hw, split, 1,
-                                                                   "gather", None)  # fmt: skip
+            priced = muon.on_mesh(r, self.m, hw, split, 1, "gather", None, expert)
+            return dataclasses.replace(c, muon=name), priced
         link = link_of(hw, shards, opts)
-        priced = {k: muon.on_mesh(r, self.m, hw, split, shards, k, link)
+        priced = {k: muon.on_mesh(r, self.m, hw, split, shards, k, link, expert)
                   for k in (SCHEMES if choosable else ("gather",))}  # fmt: skip
         best = min(priced, key=lambda k: priced[k].step_time_s)
         name = best if choosable else "sharded-ns"

@@ -44,7 +44,6 @@ HF = {
     "experts": ("num_local_experts", "n_routed_experts", "num_experts"),
     "top_k": ("num_experts_per_tok",),
     "shared_experts": ("n_shared_experts",),
-    "seq": ("max_position_embeddings", "n_positions"),
 }
 
 
@@ -78,7 +77,10 @@ def parse_shape(text: str, seq_len: int | None = None) -> TransformerShape:
 def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape:
     """A Hugging Face ``config.json`` as a shape: layers, width, heads (and key/value
     heads), the MLP's width (``intermediate_size``; an MoE's per-expert
-    ``moe_intermediate_size``), experts, vocabulary, SwiGLU from ``hidden_act``."""
+    ``moe_intermediate_size``), experts, vocabulary, a gated MLP from ``hidden_act``
+    (SwiGLU; Gemma's GeGLU). The sequence is ``seq_len`` or 2,048: a config's
+    ``max_position_embeddings`` is the longest context, not the training length. Not
+    read: DeepSeek's dense first layers and MLA attention (priced as plain MoE layers)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--model-shape-file {path}: no such file")
@@ -100,9 +102,11 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     ffn = ffn or cfg.get("intermediate_size") or cfg.get("n_inner")
     if isinstance(ffn, int):
         values["ffn"] = ffn
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "")))
-    values["gated"] = act in ("silu", "swiglu", "swish")
-    values["tied"] = bool(cfg.get("tie_word_embeddings", "n_embd" in cfg))
+    act_keys = ("hidden_activation", "hidden_act", "activation_function")
+    act = str(next((cfg[k] for k in act_keys if k in cfg), ""))
+    gemma = any("Gemma" in str(a) for a in cfg.get("architectures") or [])
+    values["gated"] = act in ("silu", "swiglu", "swish") or (gemma and "gelu" in act)  # GeGLU
+    values["tied"] = bool(cfg.get("tie_word_embeddings", True))  # Hugging Face's default
     values["positions"] = "n_positions" in cfg  # GPT-2's learned table; else rotary
     if not experts:
         values.pop("top_k", None)

@@ -190,13 +190,15 @@ def _steady_rate(rows: list[dict], batch_size: int, kind: str) -> tuple[float | 
             "dropped as start-up)"
         )
     if len(per) >= 2:  # cumulative: elapsed = samples so far / rate so far
-        a, b = per[0], per[-1]
-        ea = (a["step"] + 1) * batch_size / a["samples_per_s"]
-        eb = (b["step"] + 1) * batch_size / b["samples_per_s"]
-        if eb > ea:
-            return (b["step"] - a["step"]) * batch_size / (eb - ea), (
-                f"cumulative samples_per_s turned into samples over time between steps "
-                f"{a['step']} and {b['step']} (start-up excluded)"
+        elapsed = [(r["step"] + 1) * batch_size / r["samples_per_s"] for r in per]
+        rates = [(b["step"] - a["step"]) * batch_size / (eb - ea)
+                 for a, b, ea, eb in zip(per, per[1:], elapsed, elapsed[1:], strict=False)
+                 if eb > ea]  # fmt: skip
+        if rates:  # the median of the intervals' rates: one slow row moves it little
+            return float(statistics.median(rates)), (
+                f"cumulative samples_per_s turned into samples over time, the median of the "
+                f"intervals between steps {per[0]['step']} and {per[-1]['step']} (start-up "
+                "excluded)"
             )
     timed = [r for r in steady if "wall_time" in r]
     if len(timed) >= 2 and timed[-1]["wall_time"] > timed[0]["wall_time"]:

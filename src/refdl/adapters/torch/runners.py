@@ -115,7 +115,9 @@ def make_optimizer(name: str, params: list, momentum: float, weight_decay: float
     ``links()``) tell which of ``params`` are the refdl paths ``muon`` names (``native``:
     its Newton-Schulz without the bf16 cast, ``native_newton_schulz``)."""
     if name == "muon":
-        ids = {id(t) for m in modules or () for path, t, _, _ in m.links() if path in muon}
+        if modules is None or not muon:  # else every parameter would go to AdamW, unsaid
+            raise ValueError("Muon's twin needs the modules and refdl's Muon paths")
+        ids = {id(t) for m in modules for path, t, _, _ in m.links() if path in muon}
         matrices = [p for p in params if id(p) in ids]
         rest = [p for p in params if id(p) not in ids]
         return MuonAdamW(matrices, rest, weight_decay, native, **dict(muon_options))
