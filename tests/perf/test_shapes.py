@@ -161,3 +161,25 @@ def test_the_planner_offers_uneven_stages():
     assert sixteen and all("uneven stages" in c["description"] for c in sixteen)
     cuts = sixteen[0]["stage_boundaries"]
     assert len(cuts) == 15 and cuts[0] == 7 and cuts[-1] == 119
+
+
+def test_one_device_prices_a_transformers_memory_in_its_precision():
+    """The shape measured on the lent H200 through refdl train (2.42 B, bf16, 16 x 1024
+    tokens; it fit in 139 GiB, 2026-11-27): single's memory is the mesh formula's on one
+    device, 93.5 GB with bf16 activations (148 GB while single counted them in fp32)."""
+    from refdl.perf import PredictOptions
+    from refdl.perf.prediction import predict_steps
+    from refdl.perf.shapes import parse_shape, register
+    from refdl.strategies import traits_of
+
+    name = register(parse_shape("layers=48,d_model=2048,heads=16,ffn=8192,vocab=65,"
+                                "positions=1", 1024))  # fmt: skip
+
+    def memory(strategy: str, **kw) -> float:
+        opts = PredictOptions(optimizer_words=2, microbatches=1, **kw)
+        return predict_steps("h100-nvlink", strategy, traits_of(strategy), name, 16, [1],
+                             opts=opts, precision="bf16")[0]["memory_bytes"]  # fmt: skip
+
+    single = memory("single")
+    assert single == pytest.approx(memory("hybrid", mesh="data=1"), rel=1e-6)
+    assert 90e9 < single < 139 * 2**30

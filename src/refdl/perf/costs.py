@@ -145,7 +145,13 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     t = compute_time(
         m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **host_work(m, batch)
     )
-    mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
+    if m.transformer is not None:  # in the compute precision, as on a mesh (a 1x1 one)
+        one = MeshSpec()
+        mem = state_bytes(m.transformer, one, opts.optimizer_words, 0, opts.precision)
+        mem += activation_bytes(m.transformer, one, batch, 1, 1, False, opts.remat,
+                                opts.precision, fused=opts.attention == "fused")  # fmt: skip
+    else:
+        mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
     return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
 
 
