@@ -48,6 +48,9 @@ def test_a_shape_counts_as_the_published_models_do(tmp_path):
     assert shared.params - moe.params == 2 * moe.mlp_params()
     assert shared.layer_forward_flops() - moe.layer_forward_flops() == 2 * 16 * moe.mlp_params()
     assert register(llama) == register(llama)  # registered once, by a name that spells it
+    tied = parse_shape("layers=2,d_model=8,heads=2,tied=1", 16)
+    assert register(tied) != register(parse_shape("layers=2,d_model=8,heads=2", 16))
+    assert TRANSFORMERS.get(register(tied)).shape == tied  # never another shape's name
 
 
 @pytest.mark.parametrize("text,message", [

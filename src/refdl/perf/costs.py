@@ -422,16 +422,16 @@ def transformer_step(
     # output layer's work stays spread, as with equal stages). Without boundaries whole
     # layers are dealt as evenly as they go, ceil(layers / pipe) on the busiest (a
     # device's chunks, interleaved or V, share its layers).
+    v = chunks_of(opts.schedule, opts.chunks) if mesh.pipe > 1 else 1
     busiest = shape.layers / mesh.pipe
     if mesh.pipe > 1 and opts.stage_boundaries:
-        if chunks_of(opts.schedule, opts.chunks) > 1:
+        if v > 1:
             raise UsageError("--stage-boundaries cuts one stage a device (1f1b, gpipe, "
                              f"zb-h1), not {opts.schedule}'s chunks")  # fmt: skip
         busiest = max(stage_layers(shape.layers, mesh.pipe, opts.stage_boundaries))
     elif mesh.pipe > 1:
         busiest = -(-shape.layers // mesh.pipe)
     t *= busiest / (shape.layers / mesh.pipe)
-    v = chunks_of(opts.schedule, opts.chunks) if mesh.pipe > 1 else 1
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
         microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,

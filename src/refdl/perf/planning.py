@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from refdl import hw
+from refdl.config.choices import chunks_of
 from refdl.config.plan import Traits
 from refdl.config.values import Int
 from refdl.errors import UsageError
-from refdl.parallel.schedule import chunks_of
 from refdl.perf import OPTIMIZER_WORDS
 from refdl.perf.transformer import stage_layers
 

@@ -15,6 +15,7 @@ only, at most 1 MiB, and only the keys below are looked at.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -131,13 +132,11 @@ def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> Transfo
 
 
 def register(shape: TransformerShape) -> str:
-    """The name ``shape`` is priced under (registered once), a text that spells it."""
-    parts = [f"layers={shape.layers}", f"d_model={shape.d_model}", f"heads={shape.heads}"]
-    for key in ("kv_heads", "head_dim", "ffn", "experts", "top_k", "shared_experts"):
-        value = getattr(shape, key)
-        if value and not (key == "top_k" and not shape.experts):
-            parts.append(f"{key}={value}")
-    parts += [f"vocab={shape.vocab}", f"glu={int(shape.gated)}", f"seq={shape.seq}"]
+    """The name ``shape`` is priced under (registered once): every field it sets beyond
+    the defaults, so that two shapes never share a name."""
+    required = ("layers", "d_model", "heads", "seq", "vocab")
+    parts = [f"{f.name}={getattr(shape, f.name)}" for f in dataclasses.fields(shape)
+             if f.name in required or getattr(shape, f.name) != f.default]  # fmt: skip
     name = "shape:" + ",".join(parts)
     if name not in TRANSFORMERS.names():
         register_transformer(name, shape, "a user's shape (--model-shape)")
@@ -178,8 +177,6 @@ def model_named(model: str | None, shape: str | None, shape_file: str | None,
 
 def with_seq(model: str, seq_len: int) -> str:
     """``model`` (a zoo transformer) at ``seq_len`` tokens, registered as a shape."""
-    import dataclasses
-
     if model not in TRANSFORMERS.names():
         raise UsageError(f"--seq-len is for transformers; --model {model} is not one")
     return register(dataclasses.replace(TRANSFORMERS.get(model).shape, seq=seq_len))
