@@ -186,10 +186,13 @@ def validate_json(*flags: str) -> tuple[int, dict]:
     import sys
 
     pytest.importorskip("torch")
-    proc = subprocess.run([sys.executable, "-m", "refdl.validate", "--framework", "torch",
-                           "--optimizer", "muon", *flags, "--json"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    cmd = [sys.executable, "-m", "refdl.validate", "--framework", "torch", "--optimizer",
+           "muon", *flags, "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode == 1 and not proc.stdout:  # PyTorch's processes failed to start (a
+        # gloo start-up race seen once in a full suite, 2026-11-27): no verdict, run again
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1) and proc.stdout, proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout)
 
 
