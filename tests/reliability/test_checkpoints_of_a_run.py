@@ -79,7 +79,7 @@ ODD = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(
 
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(field=st.sampled_from((*FIELDS, "leaf.shape", "leaf.dtype", "leaf.sha256")), value=ODD)
+@given(field=st.sampled_from((*FIELDS, "leaf.shape", "leaf.dtype", "leaf.fingerprint")), value=ODD)
 def test_a_manifest_damaged_in_any_field_is_refused_or_falls_back(tmp_path_factory, field,
                                                                    value):  # fmt: skip
     """Any field of the newest manifest replaced by a value of another type or range:
@@ -88,28 +88,28 @@ def test_a_manifest_damaged_in_any_field_is_refused_or_falls_back(tmp_path_facto
     ckpt = tmp_path_factory.mktemp("meta") / "checkpoints"
     checkpoint.save(ckpt, state(1), {"spec": BASE})
     newest = checkpoint.save(ckpt, state(2), {"spec": BASE})
-    meta = json.loads((newest / "meta.json").read_text())
+    meta = json.loads((newest / checkpoint.META_FILE).read_text())
     if field.startswith("leaf."):
         meta["leaves"][1][field[5:]] = value
     else:
         meta[field] = value
-    (newest / "meta.json").write_text(json.dumps(meta))
+    (newest / checkpoint.META_FILE).write_text(json.dumps(meta))
     choice = checkpoint.resolve(ckpt.parent, BASE)
     step = choice.meta["step"]
     assert step in (1, 2) and np.array_equal(choice.leaves[1], np.full(4, float(step)))
     if step == 2:  # accepted only when the change left a valid manifest of these arrays
         assert isinstance(step, int) and not isinstance(meta["step"], bool)
         assert choice.meta["tree_paths"] == json.loads(
-            (ckpt / "step_0000001" / "meta.json").read_text())["tree_paths"]  # fmt: skip
+            (ckpt / "step_0000001" / checkpoint.META_FILE).read_text())["tree_paths"]  # fmt: skip
     else:
         assert choice.skipped and choice.skipped[0][0] == "step_0000002"
 
 
 def test_a_step_true_manifest_is_damage(tmp_path):
     ckpt = checkpoint.save(tmp_path, state(1), {"spec": BASE})
-    meta = json.loads((ckpt / "meta.json").read_text())
+    meta = json.loads((ckpt / checkpoint.META_FILE).read_text())
     for step in (True, -1, 2, 1.0, "1", 10**13):
-        (ckpt / "meta.json").write_text(json.dumps({**meta, "step": step}))
+        (ckpt / checkpoint.META_FILE).write_text(json.dumps({**meta, "step": step}))
         with pytest.raises(checkpoint.Damaged):
             checkpoint.read_meta(ckpt)
 
@@ -133,7 +133,7 @@ def test_resume_skips_a_checkpoint_copied_in_from_another_run(tmp_path):
     summary = json.loads((a / "summary.json").read_text())
     assert summary["lr"] == 0.1 and summary["steps"] == 40 and summary["status"] == "completed"
     # step_30 was rewritten by the run itself (the foreign one replaced, not kept)
-    assert json.loads((foreign / "meta.json").read_text())["spec"]["lr"] == 0.1
+    assert json.loads((foreign / checkpoint.META_FILE).read_text())["spec"]["lr"] == 0.1
     c = tmp_path / "c"
     assert run_cli(*common, "--lr", "0.05", "--steps", "50", "--out", str(c)).returncode == 0
     named = a / "checkpoints" / "step_0000050"

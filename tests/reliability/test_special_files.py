@@ -33,9 +33,13 @@ def make_special(path: Path, kind: str) -> None:
     elif kind == "socket":
         import socket
 
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()
+        s, here = socket.socket(socket.AF_UNIX), os.getcwd()
+        os.chdir(path.parent)  # a relative name: a checkpoint's data files lie deep
+        try:
+            s.bind(path.name)
+        finally:
+            os.chdir(here)
+            s.close()
 
 
 def _ckpt_state(p: Path) -> None:
@@ -63,8 +67,10 @@ def reader_calls(tmp: Path) -> dict:
     def ckpt(name):
         def call(p):
             c = tmp / "ckpt"
-            (c / "checkpoints" / "step_0000001" / name).unlink()
-            make_special(c / "checkpoints" / "step_0000001" / name, KIND[0])
+            step = c / "checkpoints" / "step_0000001"
+            f = step / name if name else next((step / "state").glob("ocdbt.process_0/d/*"))
+            f.unlink()
+            make_special(f, KIND[0])
             checkpoint.resolve(c)
 
         return call
@@ -80,8 +86,9 @@ def reader_calls(tmp: Path) -> dict:
         "metrics.jsonl": lambda p: read_metrics(p),
         "framework log": lambda p: read_log(str(p)),
         "zarr info": lambda p: ZarrDataset(p.parent),
-        "checkpoint manifest": ckpt("meta.json"),
-        "checkpoint arrays": ckpt("state.npz"),
+        "checkpoint manifest": ckpt("meta/metadata"),
+        "checkpoint arrays": ckpt(None),
+        "orbax's metadata": ckpt("state/_METADATA"),
     }
 
 
@@ -92,7 +99,8 @@ KIND: list[str] = ["fifo"]
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(reader=st.sampled_from(["recipe", "profile", "topology", "ps trace", "IDX",
                                "CIFAR batch", "PTB text", "metrics.jsonl", "framework log",
-                               "zarr info", "checkpoint manifest", "checkpoint arrays"]),
+                               "zarr info", "checkpoint manifest", "checkpoint arrays",
+                               "orbax's metadata"]),
        kind=st.sampled_from(["fifo", "folder", "device", "socket"]))  # fmt: skip
 def test_a_special_file_is_refused_within_a_second(tmp_path_factory, reader, kind):
     tmp = tmp_path_factory.mktemp("special")

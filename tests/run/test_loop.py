@@ -140,7 +140,7 @@ def test_checkpoint_round_trip_and_mismatch(tmp_path):
     # an empty (half-made) checkpoint folder is skipped, and the report says why
     (tmp_path / "step_0000009").mkdir()
     choice = checkpoint.resolve(tmp_path)
-    assert choice.path == path and choice.skipped == (("step_0000009", "meta.json is missing"),)
+    assert choice.path == path and choice.skipped == (("step_0000009", "meta/metadata is missing"),)
     other = to_host(build(RunSpec(model="mlp", optimizer="sgd")).task.init_state(0))
     with pytest.raises(UsageError, match="does not match"):
         checkpoint.restore(path, other)

@@ -1,134 +1,223 @@
-"""Checkpoints on disk: atomic, self-describing, verified before use, strategy-independent.
+"""Checkpoints with orbax: each process writes its own shards, in the background; a
+restore places every array straight into the new run's shardings.
 
-A checkpoint is ``DIR/checkpoints/step_0000100/`` holding the full host
-``TrainState`` (whatever strategy wrote it) as ``state.npz`` - one array per
-leaf, in ``jax.tree.leaves`` order, read back without pickle - and
-``meta.json``: the run's settings (``spec``), the step, each leaf's tree path,
-shape, dtype and SHA-256 digest. It is written into a temporary folder, synced,
-and renamed into place, so a folder named ``step_N`` is always complete;
-temporaries left by a killed writer are removed when the next run starts.
+``DIR/checkpoints/step_0000100/`` is one orbax checkpoint (``CheckpointManager``,
+tensorstore's OCDBT + zarr3 format) with two items:
 
-Restoring verifies first: the manifest parses, every array is present with its
-shape, dtype and digest, and the tree paths match the run's state. ``--resume``
-takes the newest checkpoint that verifies and says why newer ones were
-skipped; when none does, it is a one-line error.
+- ``state/``: the leaves of the strategy's checkpoint view
+  (``Strategy.checkpoint_view``: the run's state in the strategy-independent
+  ``TrainState`` structure, still sharded on the devices) as ``leaf_00000``,
+  ``leaf_00001``, ... Each shard is written by the process whose device holds it
+  (``ocdbt.process_K/``); nothing is gathered to rank 0.
+- ``meta/metadata``: JSON: format 2, the step, the run's settings (``spec``) and
+  their configuration key, and each leaf's tree path, shape, dtype and fingerprint.
+
+A save copies the arrays to host memory and returns; orbax writes them in a
+background thread into ``step_N.orbax-checkpoint-tmp-*`` and renames that to
+``step_N`` once every process has committed, so a folder named ``step_N`` is
+complete. Temporaries a killed writer left are removed when the next run starts.
+
+Restoring checks before use, as format 1 did: the folder holds only regular files
+and folders of bounded size (no link, FIFO or device), orbax's own JSON files
+parse within bounds, the manifest has its schema, the configuration key matches,
+the tree paths match the run's, and each restored array's fingerprint equals the
+saved one. The fingerprint is two 32-bit sums of the array's words, each word
+weighted by a hash of its position: integer sums modulo 2**32 do not depend on
+the order of addition, so it is the same for any sharding and is computed on the
+devices without gathering. It detects damage, not forgery. Format-1 checkpoints
+(one ``state.npz``, ``refdl.run.checkpoint_npz``) are still read, and will be until
+refdl 1.0 and at least until 2027-06-01.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import re
 import shutil
+import stat
 import tempfile
-import tokenize
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from refdl.config.files import check_regular, load_json
-from refdl.config.spec import RUN_CONTROL_KEYS, RunSpec
-from refdl.core.state import TrainState
+from refdl.config.files import load_json
 from refdl.errors import UsageError
+from refdl.parallel import processes
+from refdl.run import checkpoint_npz
+from refdl.run.checkpoint_npz import (  # noqa: F401 (part of this module's interface)
+    Damaged,
+    all_checkpoints,
+    config_key,
+    differing,
+    is_checkpoint,
+)
 
-FORMAT = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-_TMP_DIR = re.compile(r"^\.step_\d+\.tmp-")
-_DTYPE = re.compile(r"^[<>|=]?[biuf][1248]$|^[<>|=]?c(8|16)$")  # numeric arrays only
-_SHA = re.compile(r"^[0-9a-f]{64}$")
-MANIFEST_LIMIT = 256 << 20  # tree paths and digests of even very large models
-STATE, META = "state.npz", "meta.json"
-
-
-class Damaged(Exception):
-    """A checkpoint that cannot be used; the message says what is wrong with it."""
-
-
-def _paths(state: Any) -> list[str]:
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-
-
-def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is named as one checkpoint (``step_N``) rather than a run folder."""
-    return _STEP_DIR.match(Path(path).name) is not None
-
-
-def digest(a: np.ndarray) -> str:
-    """SHA-256 of an array's bytes (C order), its dtype and shape."""
-    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
+FORMAT = 2
+STATE, META = "state", "meta"
+META_FILE = f"{META}/metadata"
+_TMP_DIR = re.compile(r"^step_\d+\.orbax-checkpoint-tmp")
+_FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                     "uint64", "float16", "bfloat16", "float32", "float64"})  # fmt: skip
+MANIFEST_LIMIT = checkpoint_npz.MANIFEST_LIMIT
+JSON_LIMIT = 64 << 20  # orbax's own metadata files
+FILE_LIMIT = 1 << 44
+MAX_ENTRIES = 1 << 20  # files and folders in one checkpoint
+_ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA", "_sharding")
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _ocp() -> Any:
+    import orbax.checkpoint as ocp  # ~1 s to import: only when a checkpoint is touched
+
+    return ocp
 
 
-def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: int = 3) -> Path:
-    """Write the host ``state`` as ``ckpt_dir/step_N`` (N = its step) atomically; keep the
-    newest ``keep``. Returns the checkpoint's path. An OSError (disk full, unwritable)
-    propagates, leaving the earlier checkpoints as they were."""
-    ckpt_dir = Path(ckpt_dir).absolute()
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    step = int(np.asarray(state.step).reshape(-1)[0])  # replicated strategies stack it
-    path = ckpt_dir / f"step_{step:07d}"
-    if path.is_symlink():  # planted: never written through, never taken for a checkpoint
-        path.unlink()
-    if path.exists() and _same_run(path, meta):  # re-saving a step (final == periodic)
-        return path
-    leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
-    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step:07d}.tmp-"))
-    try:
-        tmp.chmod(0o755)
-        with open(tmp / STATE, "wb") as f:
-            np.savez(f, **{f"leaf_{i:05d}": a for i, a in enumerate(leaves)})
-            f.flush()
-            os.fsync(f.fileno())
+def _keys(n: int) -> list[str]:
+    return [f"leaf_{i:05d}" for i in range(n)]
+
+
+def _paths(tree: Any) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def step_of(state: Any) -> int:
+    """The step a (host or device, replicated or stacked) state is at."""
+    x = state.step
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return int(np.asarray(x).reshape(-1)[0])
+
+
+# -- fingerprints ------------------------------------------------------------------------
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The array's bytes as a flat vector of uint32 words (narrower types widened)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32).reshape(-1)
+    size = np.dtype(x.dtype).itemsize
+    as_uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
+    return jax.lax.bitcast_convert_type(x, as_uint).astype(jnp.uint32).reshape(-1)
+
+
+def _fingerprint(x: jax.Array) -> jax.Array:
+    u = _words(x)
+    i = jnp.arange(u.shape[0], dtype=jnp.uint32)
+    h = i * jnp.uint32(0x9E3779B1)
+    h = (h ^ (h >> 15)) * jnp.uint32(0x85EBCA77)
+    a = jnp.sum(u * (h | jnp.uint32(1)), dtype=jnp.uint32)
+    v = u ^ h
+    b = jnp.sum(((v << 13) | (v >> 19)) * jnp.uint32(0x27D4EB2F), dtype=jnp.uint32)
+    return jnp.stack([a ^ jnp.uint32(u.shape[0] & 0xFFFFFFFF), b])
+
+
+_fingerprint_jit = jax.jit(_fingerprint)
+
+
+def fingerprints(leaves: list[Any]) -> list[str]:
+    """Each array's fingerprint (16 hex digits), the same for any sharding of it; every
+    process holding a part of a sharded array must call this at the same point."""
+    out = []
+    for x in leaves:
+        f = _fingerprint_jit(x)
+        if not f.is_fully_addressable:
+            f = f.addressable_data(0)
+        a, b = (int(v) for v in np.asarray(f))
+        out.append(f"{a:08x}{b:08x}")
+    return out
+
+
+# -- saving ------------------------------------------------------------------------------
+
+
+def _dtype_name(x: Any) -> str:
+    return np.dtype(x.dtype).name
+
+
+class Saver:
+    """One run's checkpoints under ``ckpt_dir`` (an orbax ``CheckpointManager``): saves
+    commit in the background unless ``asynchronous`` is off; the newest ``keep`` stay.
+    Under ``jax.distributed`` every process makes one and calls ``save`` together."""
+
+    def __init__(self, ckpt_dir: str | Path, keep: int = 3, asynchronous: bool = True) -> None:
+        ocp = _ocp()
+        self.dir = Path(ckpt_dir).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            enable_async_checkpointing=asynchronous,
+            step_name_format=ocp.step.standard_name_format(
+                step_prefix="step", step_format_fixed_length=7
+            ),
+            create=True,
+            cleanup_tmp_directories=True,
+        )
+        self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=(STATE, META))
+        self.steps: set[int] = set()
+
+    def save(self, view: Any, meta: dict[str, Any]) -> Path:
+        """Start saving ``view`` (the checkpoint view of the state) with ``meta`` (``spec``:
+        the run's settings); the path ``step_N`` will have once committed."""
+        ocp = _ocp()
+        step = step_of(view)
+        path = self.dir / f"step_{step:07d}"
+        if step in self.steps:  # the final save of a step a periodic save wrote
+            return path
+        if self._clear(path, meta):
+            self.steps.add(step)
+            return path
+        leaves = jax.tree.leaves(view)
+        spec = meta.get("spec")
         manifest = {
             **meta,
-            **({"config": config_key(meta["spec"])} if isinstance(meta.get("spec"), dict) else {}),
+            **({"config": config_key(spec)} if isinstance(spec, dict) else {}),
             "format": FORMAT,
             "step": step,
-            "tree_paths": _paths(state),
+            "tree_paths": _paths(view),
             "leaves": [
-                {"shape": list(a.shape), "dtype": a.dtype.str, "sha256": digest(a)} for a in leaves
+                {"shape": list(np.shape(x)), "dtype": _dtype_name(x), "fingerprint": f}
+                for x, f in zip(leaves, fingerprints(leaves), strict=True)
             ],
         }
-        with open(tmp / META, "w") as f:
-            f.write(json.dumps(manifest))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync(tmp)
-        if path.exists():  # another configuration's (or a damaged) step_N: replaced
-            gone = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step:07d}.tmp-"))
+        state = dict(zip(_keys(len(leaves)), leaves, strict=True))
+        self.manager.save(step, args=ocp.args.Composite(
+            **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(manifest)}
+        ), force=True)  # fmt: skip
+        self.steps.add(step)
+        return path
+
+    def _clear(self, path: Path, meta: dict[str, Any]) -> bool:
+        """Whether ``path`` already holds this run's step (nothing to write); a step
+        folder of another configuration, or damaged, is moved aside and removed first."""
+        if not path.exists() and not path.is_symlink():
+            return False
+        same = processes.broadcast(_same_run(path, meta))
+        if same:
+            return True
+        if processes.launched_rank() == 0:
+            gone = Path(tempfile.mkdtemp(dir=self.dir, prefix=f".{path.name}.tmp-"))
             os.replace(path, gone / "old")
             shutil.rmtree(gone, ignore_errors=True)
-        os.replace(tmp, path)
-        _fsync(ckpt_dir)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.filename is None:  # e.g. a full disk while writing the arrays
-            e.filename = str(path)
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for old in all_checkpoints(ckpt_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
+        processes.broadcast(None)  # every process waits until it is gone
+        self.manager.reload()
+        return False
+
+    def wait(self) -> None:
+        """Block until every started save has committed (an error in one is raised)."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Wait for the saves, then release orbax's threads."""
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
 
 def _same_run(path: Path, meta: dict[str, Any]) -> bool:
-    """Whether the checkpoint at ``path`` is intact-looking and of ``meta``'s settings."""
     try:
         saved = read_meta(path)
     except Damaged:
@@ -137,29 +226,35 @@ def _same_run(path: Path, meta: dict[str, Any]) -> bool:
     return not isinstance(spec, dict) or config_key(saved["spec"]) == config_key(spec)
 
 
-def all_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """The checkpoint folders under ``ckpt_dir`` (complete by construction), oldest first."""
-    d = Path(ckpt_dir)
-    if not d.is_dir():
-        return []
-    found = []
-    for p in d.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+def save(ckpt_dir: str | Path, state: Any, meta: dict[str, Any], keep: int = 3) -> Path:
+    """Write ``state`` (host or device arrays) as ``ckpt_dir/step_N`` and wait until it is
+    committed; keep the newest ``keep``. Returns its path."""
+    saver = Saver(ckpt_dir, keep, asynchronous=False)
+    try:
+        return saver.save(state, meta)
+    finally:
+        saver.close()
 
 
 def remove_temporaries(ckpt_dir: str | Path) -> list[Path]:
-    """Delete the temporary folders a killed writer left; the ones removed."""
+    """Delete the temporary folders a killed writer left (either format); those removed."""
     d = Path(ckpt_dir)
-    gone = [p for p in d.iterdir() if _TMP_DIR.match(p.name)] if d.is_dir() else []
-    for p in gone:
-        if p.is_symlink():  # never followed: only the link goes
+    gone = checkpoint_npz.remove_temporaries(d)
+    extra = [p for p in d.iterdir() if _TMP_DIR.match(p.name)] if d.is_dir() else []
+    for p in extra:
+        if p.is_symlink():
             p.unlink()
         else:
             shutil.rmtree(p, ignore_errors=True)
-    return gone
+    return gone + extra
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def is_npz(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` is in format 1 (one ``state.npz``)."""
+    return any(os.path.lexists(path / n) for n in (checkpoint_npz.STATE, checkpoint_npz.META))
 
 
 def _int(v: Any, lo: int, hi: int) -> bool:
@@ -167,82 +262,136 @@ def _int(v: Any, lo: int, hi: int) -> bool:
 
 
 def _leaf_ok(e: Any) -> bool:
-    """A manifest's leaf entry: a shape of small non-negative ints, a plain numeric dtype,
-    a SHA-256 in hex."""
     if not isinstance(e, dict):
         return False
-    shape, dtype, sha = e.get("shape"), e.get("dtype"), e.get("sha256")
+    shape, dtype, fp = e.get("shape"), e.get("dtype"), e.get("fingerprint")
     return (isinstance(shape, list) and len(shape) <= 32
             and all(_int(d, 0, 1 << 40) for d in shape)
-            and isinstance(dtype, str) and _DTYPE.match(dtype) is not None
-            and isinstance(sha, str) and _SHA.match(sha) is not None)  # fmt: skip
+            and isinstance(dtype, str) and dtype in _DTYPES
+            and isinstance(fp, str) and _FINGERPRINT.match(fp) is not None)  # fmt: skip
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path``, held to a strict schema (types and
-    ranges; the step its folder's; the configuration key its settings'): ``Damaged``
-    if it is not one."""
-    f = Path(path) / META
-    if not f.exists() and not f.is_symlink():
-        raise Damaged(f"{META} is missing")
+    """The manifest of the checkpoint at ``path`` (either format), held to a strict
+    schema: ``Damaged`` if it is not one."""
+    path = Path(path)
+    if is_npz(path):
+        return checkpoint_npz.read_meta(path)
+    f = path / META_FILE
+    if not os.path.lexists(f):
+        raise Damaged(f"{META_FILE} is missing")
     try:
-        meta = load_json(f, META, limit=MANIFEST_LIMIT, error=Damaged)
+        meta = load_json(f, META_FILE, limit=MANIFEST_LIMIT, error=Damaged)
     except Damaged as e:
-        raise Damaged(f"{META} is unreadable ({str(e).removeprefix(f'{META} {f}: ')})") from None
+        why = str(e).removeprefix(f"{META_FILE} {f}: ")
+        raise Damaged(f"{META_FILE} is unreadable ({why})") from None
     ok = isinstance(meta, dict) and _int(meta.get("format"), FORMAT, FORMAT)
     ok = ok and _int(meta.get("step"), 0, 10**12) and isinstance(meta.get("spec"), dict)
     ok = ok and isinstance(meta.get("tree_paths"), list) and isinstance(meta.get("leaves"), list)
     ok = ok and len(meta["tree_paths"]) == len(meta["leaves"])
     if not ok:
-        raise Damaged(f"{META} lacks the format, step, settings or leaves of a checkpoint")
+        raise Damaged(f"{META_FILE} lacks the format, step, settings or leaves of a checkpoint")
     if not all(isinstance(t, str) for t in meta["tree_paths"]):
-        raise Damaged(f"{META}: a tree path is not text")
+        raise Damaged(f"{META_FILE}: a tree path is not text")
     if not all(_leaf_ok(e) for e in meta["leaves"]):
-        raise Damaged(f"{META}: a leaf lacks a valid shape, numeric dtype or SHA-256")
-    m = _STEP_DIR.match(Path(path).name)
+        raise Damaged(f"{META_FILE}: a leaf lacks a valid shape, dtype or fingerprint")
+    m = re.match(r"^step_(\d+)$", path.name)
     if m and int(m.group(1)) != meta["step"]:
-        raise Damaged(f"{META} says step {meta['step']}, its folder {Path(path).name}")
+        raise Damaged(f"{META_FILE} says step {meta['step']}, its folder {path.name}")
     if "config" in meta and meta["config"] != config_key(meta["spec"]):
-        raise Damaged(f"{META}: its configuration key does not match its settings")
+        raise Damaged(f"{META_FILE}: its configuration key does not match its settings")
     return meta
 
 
-def read_leaves(path: str | Path, meta: dict[str, Any]) -> list[np.ndarray]:
-    """Every array of the checkpoint, each checked against its shape, dtype and digest."""
-    out = []
-    try:
-        check_regular(Path(path) / STATE, STATE, 1 << 44, error=Damaged)
-    except Damaged as e:
-        raise Damaged(str(e).replace(f"{STATE} {Path(path) / STATE}:", f"{STATE}")) from None
-    try:
-        with np.load(Path(path) / STATE, allow_pickle=False) as z:
-            for i, want in enumerate(meta["leaves"]):
-                a = z[f"leaf_{i:05d}"]
-                if list(a.shape) != want.get("shape") or a.dtype.str != want.get("dtype"):
-                    raise Damaged(f"array {i} ({meta['tree_paths'][i]}) has the wrong shape")
-                if digest(a) != want.get("sha256"):
-                    raise Damaged(f"array {i} ({meta['tree_paths'][i]}) does not match its digest")
-                out.append(a)
-    except FileNotFoundError:
-        raise Damaged(f"{STATE} is missing") from None
-    except KeyError as e:
-        raise Damaged(f"{STATE} lacks array {e}") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile,
-            SyntaxError, tokenize.TokenError, TypeError, MemoryError) as e:  # fmt: skip
-        # an array's .npy header is a Python literal: a changed byte there makes numpy's
-        # parser raise SyntaxError or TokenError, a changed shape a huge allocation
-        raise Damaged(f"{STATE} is unreadable ({type(e).__name__})") from None
+def check_files(path: Path) -> None:
+    """Every entry of the checkpoint folder a regular file or folder, bounded in size and
+    number, and orbax's own JSON files parse within bounds: ``Damaged`` otherwise."""
+    n = 0
+    for root, dirs, files in os.walk(path):  # never follows links
+        for name in dirs + files:
+            n += 1
+            p = Path(root) / name
+            rel = p.relative_to(path)
+            if n > MAX_ENTRIES:
+                raise Damaged(f"more than {MAX_ENTRIES} files")
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                raise Damaged(f"{rel} is a link, not a regular file")
+            a_file = (name in _ORBAX_JSON or name == "manifest.ocdbt"
+                      or rel.parent.name in ("d", "array_metadatas"))  # fmt: skip
+            if a_file and stat.S_ISDIR(st.st_mode):
+                raise Damaged(f"{rel} is not a regular file (a folder)")
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise Damaged(f"{rel} is not a regular file (a FIFO, socket or device)")
+            if stat.S_ISREG(st.st_mode) and st.st_size > FILE_LIMIT:
+                raise Damaged(f"{rel} is larger than {FILE_LIMIT} bytes")
+            if name in _ORBAX_JSON or rel.parent.name == "array_metadatas":
+                try:
+                    load_json(p, str(rel), limit=JSON_LIMIT, error=Damaged)
+                except Damaged as e:
+                    raise Damaged(f"{rel} is unreadable ({str(e).split(': ', 1)[-1]})") from None
+
+
+def _targets(meta: dict[str, Any], like: list[Any] | None) -> dict[str, Any]:
+    """What orbax restores each leaf as: into ``like``'s sharding (a device array or an
+    abstract one), or a host array."""
+    out = {}
+    for key, e, t in zip(_keys(len(meta["leaves"])), meta["leaves"],
+                         like or [None] * len(meta["leaves"]), strict=True):  # fmt: skip
+        shape, dtype = tuple(e["shape"]), jnp.dtype(e["dtype"])
+        sharding = getattr(t, "sharding", None)
+        if sharding is None:
+            out[key] = np.empty(shape, dtype)
+        else:
+            out[key] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
     return out
+
+
+def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]:
+    """The checkpoint's arrays (orbax), each checked against its fingerprint."""
+    ocp = _ocp()
+    problem = None
+    leaves: list[Any] = []
+    try:
+        check_files(path)
+        targets = _targets(meta, like)
+        with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as reader:
+            got = reader.restore(path / STATE, args=ocp.args.StandardRestore(targets))
+        leaves = [got[k] for k in _keys(len(meta["leaves"]))]
+    except Damaged as e:
+        problem = str(e)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        problem = f"{STATE}/ is unreadable ({type(e).__name__}{': ' + first if first else ''})"
+    problem = _agree(problem)
+    if problem:
+        raise Damaged(problem)
+    for i, (x, want, f) in enumerate(zip(leaves, meta["leaves"], fingerprints(leaves),
+                                         strict=True)):  # fmt: skip
+        if list(np.shape(x)) != want["shape"] or _dtype_name(x) != want["dtype"]:
+            raise Damaged(f"array {i} ({meta['tree_paths'][i]}) has the wrong shape")
+        if f != want["fingerprint"]:
+            raise Damaged(f"array {i} ({meta['tree_paths'][i]}) does not match its fingerprint")
+    return leaves
+
+
+def _agree(problem: str | None) -> str | None:
+    """Under ``jax.distributed``, the first process's problem (if any process had one),
+    so every process skips the same checkpoint."""
+    if jax.process_count() == 1 or not processes.under_mpi():
+        return problem
+    found = [p for p in processes.comm().allgather(problem) if p]
+    return found[0] if found else None
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The checkpoint a resume uses, with its verified contents, and the newer ones it
-    skipped (name, reason)."""
+    """The checkpoint a resume uses, with its verified arrays (in the order of the run's
+    state's leaves), and the newer ones it skipped (name, reason)."""
 
     path: Path
     meta: dict[str, Any]
-    leaves: list[np.ndarray]
+    leaves: list[Any]
     skipped: tuple[tuple[str, str], ...] = ()
 
     def report(self) -> str:
@@ -251,13 +400,30 @@ class Choice:
         return f"resuming from {self.path}" + (f" ({why})" if why else "")
 
 
-def resolve(path: str | Path, config: dict[str, Any] | None = None) -> Choice:
+def _check_like(path: Path, meta: dict[str, Any], like: Any) -> None:
+    """A UsageError unless the checkpoint holds ``like``'s leaves (paths and shapes)."""
+    shapes = [list(np.shape(x)) for x in jax.tree.leaves(like)]
+    if meta["tree_paths"] != _paths(like) or [e["shape"] for e in meta["leaves"]] != shapes:
+        raise UsageError(
+            f"--resume {path}: the checkpoint's state does not match this run's model "
+            "and optimizer (different parameters or optimizer state); resume with the same "
+            "settings"
+        )
+
+
+def resolve(
+    path: str | Path, config: dict[str, Any] | None = None, like: Any = None, arrays: bool = True
+) -> Choice:
     """The newest intact checkpoint ``path`` names (a checkpoint itself, a run folder or
-    its ``checkpoints`` folder) of the configuration ``config`` (settings; None: any):
-    one written by other settings is skipped, the settings that differ named. A
-    UsageError says why none can be used."""
+    its ``checkpoints`` folder) of the configuration ``config`` (settings; None: any),
+    its arrays read into ``like``'s shardings (a tree of device or abstract arrays with
+    the run's state's structure; None: host arrays). One written by other settings or
+    damaged is skipped, and said why; a UsageError says why none can be used, or that
+    the state is another model's. ``arrays=False`` checks the files and the manifest only
+    and reads no array (nor starts JAX's backend): for the settings, before the ranks
+    join."""
     p = Path(path)
-    if _STEP_DIR.match(p.name) and p.is_dir():
+    if checkpoint_npz._STEP_DIR.match(p.name) and p.is_dir():
         candidates = [p]
     else:
         candidates = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
@@ -275,60 +441,57 @@ def resolve(path: str | Path, config: dict[str, Any] | None = None) -> Choice:
                 keys = differing(config, meta["spec"])[:4]
                 what = ", ".join(f"{k} {meta['spec'][k]!r}, the run's {config[k]!r}" for k in keys)
                 raise Damaged(f"written by another configuration ({what or 'other settings'})")
-            return Choice(c, meta, read_leaves(c, meta), tuple(skipped))
+            if like is not None:
+                _check_like(c, meta, like)
+            like_leaves = None if like is None else jax.tree.leaves(like)
+            if is_npz(c):
+                leaves = checkpoint_npz.read_leaves(c, meta)
+                if like_leaves is not None:
+                    leaves = [_place(x, t) for x, t in zip(leaves, like_leaves, strict=True)]
+            elif not arrays:
+                check_files(c)
+                leaves = []
+            else:
+                leaves = _read(c, meta, like_leaves)
+            return Choice(c, meta, leaves, tuple(skipped))
         except Damaged as e:
             skipped.append((c.name, str(e)))
     reasons = "; ".join(f"{n}: {r}" for n, r in skipped)
     raise UsageError(f"--resume {path}: no intact checkpoint of this run ({reasons})")
 
 
-def restore(choice: Choice | str | Path, like: TrainState) -> TrainState:
+def _place(x: np.ndarray, like: Any) -> Any:
+    sharding = getattr(like, "sharding", None)
+    if sharding is None:
+        return x
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def restore(choice: Choice | str | Path, like: Any) -> Any:
     """The checkpoint's state (a ``Choice``, or a path ``resolve`` picks from) in the
-    structure of ``like`` (a fresh host state); a checkpoint of another model or
-    optimizer is a UsageError, never a mis-assignment."""
+    structure of ``like``; a checkpoint of another model or optimizer is a UsageError,
+    never a mis-assignment."""
     if not isinstance(choice, Choice):
-        choice = resolve(choice)
-    want = _paths(like)
-    shapes = [list(np.shape(x)) for x in jax.tree.leaves(like)]
-    if choice.meta["tree_paths"] != want or [e["shape"] for e in choice.meta["leaves"]] != shapes:
-        raise UsageError(
-            f"--resume {choice.path}: the checkpoint's state does not match this run's model "
-            "and optimizer (different parameters or optimizer state); resume with the same "
-            "settings"
-        )
+        choice = resolve(choice, like=like)
+    _check_like(choice.path, choice.meta, like)
     return jax.tree.unflatten(jax.tree.structure(like), choice.leaves)
 
 
 def load_leaves(path: str | Path) -> dict[str, np.ndarray]:
-    """Every saved array keyed by its tree path (``.params['00_conv']['kernel']``, ...), from
-    a checkpoint or run folder: for comparing runs whose state structures differ."""
+    """Every saved array on the host keyed by its tree path (``.params['00_conv']['kernel']``,
+    ...), from a checkpoint or run folder: for comparing runs whose structures differ."""
     choice = resolve(path)
-    return dict(zip(choice.meta["tree_paths"], choice.leaves, strict=True))
+    return dict(zip(choice.meta["tree_paths"], (np.asarray(x) for x in choice.leaves),
+                    strict=True))  # fmt: skip
 
 
-def config_key(settings: dict[str, Any]) -> str:
-    """A short hash of the settings that say how a run was started (not how long or how
-    loudly it runs; fields at their defaults left out, so it survives new fields): two
-    runs continue each other's checkpoints only when their keys are equal."""
-    defaults = {f.name: f.default for f in dataclasses.fields(RunSpec)}
-    kept = {k: _norm(v) for k, v in settings.items()
-            if k not in RUN_CONTROL_KEYS and _norm(v) != _norm(defaults.get(k, ...))}  # fmt: skip
-    text = json.dumps(kept, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def abstract(tree: Any) -> Any:
+    """``tree`` with each device array replaced by its shape, dtype and sharding (host
+    arrays kept): a restore target that holds no memory."""
 
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
 
-def _norm(v: Any) -> Any:
-    if isinstance(v, list | tuple):
-        return [_norm(x) for x in v]
-    return v
-
-
-def differing(saved: dict[str, Any], given: dict[str, Any]) -> list[str]:
-    """The keys ``given`` sets that say how a run was started and differ from ``saved``."""
-    out = []
-    for key, value in given.items():
-        if key in RUN_CONTROL_KEYS or key not in saved:
-            continue
-        if _norm(value) != _norm(saved[key]):
-            out.append(key)
-    return out
+    return jax.tree.map(one, tree)

@@ -149,25 +149,28 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
     spec, strategy = run.spec, run.strategy
     if not spec.resume:
         return strategy.init_state(spec.seed), 0
-    # of this configuration only; with --reshard, the checkpoint its settings named
-    choice = checkpoint.resolve(spec.resume, None if spec.reshard else spec.to_dict())
-    if processes.launched_rank() == 0:
-        print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
+    # of this configuration only; with --reshard, the checkpoint its settings named. Each
+    # array is read straight into this run's shardings (only the shards a process holds).
+    target = checkpoint.abstract(strategy.checkpoint_target(spec.seed))
     try:
-        host = checkpoint.restore(choice, strategy.host_template(spec.seed))
+        choice = checkpoint.resolve(spec.resume, None if spec.reshard else spec.to_dict(),
+                                    like=target)  # fmt: skip
     except UsageError as e:
-        if not spec.reshard:
+        if not spec.reshard or "does not match this run's model" not in str(e):
             raise
         raise UsageError(  # e.g. a compressed run's error feedback, which no layout takes
-            f"--reshard: {choice.path} holds a state that {spec.strategy} does not (state "
+            f"--reshard: {spec.resume} holds a state that {spec.strategy} does not (state "
             "beyond the parameters and optimizer, or another model); it cannot be resharded"
         ) from e
-    step = int(np.asarray(host.step).reshape(-1)[0])
+    if processes.launched_rank() == 0:
+        print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
+    view = checkpoint.restore(choice, target)
+    step = checkpoint.step_of(view)
     if step > spec.steps:
         raise UsageError(
             f"--resume checkpoint is at step {step}, past --steps {spec.steps}; raise --steps"
         )
-    return strategy.place_state(host), step
+    return strategy.from_checkpoint(view), step
 
 
 class _Loop:
@@ -187,6 +190,7 @@ class _Loop:
         self.eval_fn = eval_program(run)
         self.ckpt_dir = out / "checkpoints"
         self.saved = []
+        self.saver: checkpoint.Saver | None = None
 
     def _sync_at(self, done: int) -> bool:
         s = self.spec
@@ -222,6 +226,7 @@ class _Loop:
                     reason = f"{_signal_name(self.stop.signum)} after step {step.done}"
                     break
             self._save_checkpoint()
+            self._wait_for_saves()
         except DivergedError as e:
             status, reason = "diverged", str(e)
             raise
@@ -237,6 +242,9 @@ class _Loop:
             status, reason, whole = "failed", f"{type(e).__name__}: {e}", False
             raise
         finally:
+            if self.saver is not None and status != "completed":  # commit what was started
+                with contextlib.suppress(Exception):
+                    self._wait_for_saves()
             if self.watchdog is not None:
                 self.watchdog.close()
             if getattr(self, "bar", None) is not None:
@@ -281,6 +289,7 @@ class _Loop:
             self.watchdog.beat()
         if step.done == self.start + 1:
             self.history["first_step_time_s"] = step.seconds
+            self.history["first_step_at_unix"] = time.time()  # an elastic restart's cost
         else:
             self.history["step_time_s"].append(step.seconds)
         s, done = self.spec, step.done
@@ -362,14 +371,24 @@ class _Loop:
     saved: list[tuple[Path, float]]  # (checkpoint, when) this run saved, for ``_lost``
 
     def _save_checkpoint(self) -> None:
+        """Start saving the state (``refdl.run.checkpoint``): under ``jax.distributed`` every
+        process writes its own shards; otherwise rank 0 writes the gathered state."""
         self._read_pending()  # never save a state whose losses were not checked
-        host = self.strategy.gather_state(self.state)
+        view = self.strategy.checkpoint_view(self.state)  # collective across ranks
+        if not (self.primary or jax.process_count() > 1):
+            return
+        if self.saver is None:
+            self.saver = checkpoint.Saver(self.ckpt_dir, keep=self.spec.keep_checkpoints)
+        path = self.saver.save(view, {"spec": self.spec.to_dict()})
         if self.primary:
-            meta = {"spec": self.spec.to_dict()}
-            self.checkpoint_written = checkpoint.save(
-                self.ckpt_dir, host, meta, keep=self.spec.keep_checkpoints
-            )
-            self.saved.append((self.checkpoint_written, time.monotonic()))
+            self.checkpoint_written = path
+            self.saved.append((path, time.monotonic()))
+
+    def _wait_for_saves(self) -> None:
+        """Let the saves in flight commit (their errors raised) and release orbax's threads."""
+        if self.saver is not None:
+            saver, self.saver = self.saver, None
+            saver.close()
 
     def _lost(self, line: str, since: float) -> str:
         """A rank was lost (called from ``liveness`` on rank 0, the main thread waiting in
@@ -386,7 +405,10 @@ class _Loop:
         last = _last_checkpoint(self.ckpt_dir)
         line += f"; the last good checkpoint is {last}" if last else "; no checkpoint was written"
         if hasattr(self, "writer"):
-            record = {"status": "failed", "reason": line, "run_dir": str(self.out)}
+            record = {"status": "failed", "reason": line, "run_dir": str(self.out),
+                      "last_step_done": self.peers.step if self.peers is not None else None,
+                      "lost_at_unix": time.time(),
+                      "first_step_at_unix": self.history.get("first_step_at_unix")}  # fmt: skip
             self.writer.json("summary.json", {**record, "last_checkpoint": last})
         return line
 
@@ -419,6 +441,7 @@ class _Loop:
         if reason:
             result["reason"] = reason
         result["run_dir"] = str(self.out)
+        result["first_step_at_unix"] = self.history.get("first_step_at_unix")
         timeline = self.history.get("timeline")
         if timeline:
             write_json(self.out / "timeline.json", {"stages": result.get("stages"),

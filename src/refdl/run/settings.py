@@ -57,7 +57,8 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     writes, only the command line says."""
     folder, config = run_config(explicit["resume"])
     named = checkpoint.is_checkpoint(explicit["resume"])
-    choice = checkpoint.resolve(explicit["resume"], None if named else config)
+    # the manifest only: the arrays are read (and verified) once the ranks have joined
+    choice = checkpoint.resolve(explicit["resume"], None if named else config, arrays=False)
     path, saved = choice.path, choice.meta["spec"]
     if explicit.get("reshard"):
         return resharded_settings(explicit, path, saved)

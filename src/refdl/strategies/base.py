@@ -108,6 +108,29 @@ class Strategy:
         """The single model evaluated from a gathered state (e.g. the replicas' average)."""
         return host_state
 
+    # -- checkpoints (``refdl.run.checkpoint``) ---------------------------------------------
+
+    # Whether a checkpoint holds the gathered host state: the placed state is per stage
+    # (pipeline) or per process without ``jax.distributed`` (ps, decentralized over MPI).
+    gathered_checkpoint = False
+
+    def checkpoint_view(self, state: TrainState) -> TrainState:
+        """The state as a checkpoint holds it: ``host_template``'s structure. By default the
+        placed state itself, still sharded, so each process writes only its own shards;
+        every rank that drives the loop calls it at the same step. Where the placed state
+        is not one global array per leaf (``gathered_checkpoint``), the gathered host state."""
+        return self.gather_state(state) if self.gathered_checkpoint else state
+
+    def checkpoint_target(self, seed: int) -> TrainState:
+        """Where a restore puts each leaf of ``checkpoint_view``: arrays (or their shapes)
+        with the shardings a fresh state of this run has; host arrays where the view is
+        gathered."""
+        return self.host_template(seed) if self.gathered_checkpoint else self.init_state(seed)
+
+    def from_checkpoint(self, view: TrainState) -> TrainState:
+        """The placed state from a restored ``checkpoint_view``."""
+        return self.place_state(view)
+
     # -- one step -----------------------------------------------------------------------------
 
     def train_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Any]]:

@@ -426,6 +426,8 @@ class Serial(Decentralized):
 class OnRanks(Decentralized):
     """One replica per MPI rank: mpi4jax messages with its neighbours inside jit."""
 
+    gathered_checkpoint = True  # one replica per process: gathered to rank 0 to save
+
     kind = "mpi"
 
     def __init__(self, task, spec, plan, devices, batches) -> None:

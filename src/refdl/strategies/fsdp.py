@@ -168,6 +168,54 @@ class FSDP(Strategy):
                            state.opt_state, self.abstract_opt)  # fmt: skip
         return state.replace(params=params, opt_state=opt)
 
+    # -- checkpoints: the logical arrays, sharded on their first axis where it divides ---------
+
+    @functools.cached_property
+    def _logical(self) -> TrainState:
+        """The shardings of the checkpoint view: each leaf's first axis split over ``data``
+        where P divides it, else replicated (written once, by the process holding
+        replica 0)."""
+
+        def one(a: Any) -> NamedSharding:
+            split = len(a.shape) > 0 and a.shape[0] % self.p == 0
+            return NamedSharding(self.mesh, P(AXIS) if split else P())
+
+        return jax.tree.map(one, self.task.abstract_state())
+
+    @functools.cached_property
+    def _to_logical(self) -> Any:
+        def f(state: TrainState) -> TrainState:
+            params = state.params
+            if self.stage.shards_params:
+                params = jax.tree.map(unflat, params, self.shapes)
+            opt = jax.tree.map(lambda a, ref: a if a.shape == ref.shape else unflat(a, ref.shape),
+                               state.opt_state, self.abstract_opt)  # fmt: skip
+            return state.replace(params=params, opt_state=opt)
+
+        return self.jit(f, out_shardings=self._logical)
+
+    @functools.cached_property
+    def _from_logical(self) -> Any:
+        def f(view: TrainState) -> TrainState:
+            to_flat = functools.partial(flat_pad, p=self.p)
+            params = view.params
+            if self.stage.shards_params:
+                params = jax.tree.map(to_flat, params)
+            opt = optax.tree_map_params(self.task.optimizer, to_flat, view.opt_state)
+            return view.replace(params=params, opt_state=opt, extras={})
+
+        return self.jit(f, out_shardings=self.shardings)
+
+    def checkpoint_view(self, state: TrainState) -> TrainState:
+        return self._to_logical(state)
+
+    def checkpoint_target(self, seed: int) -> TrainState:
+        return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                            self.task.abstract_state(), self._logical)  # fmt: skip
+
+    def from_checkpoint(self, view: TrainState) -> TrainState:
+        return self._from_logical(view)
+
     def placed(self, tree: TrainState) -> TrainState:
         """Abstract shapes carrying this strategy's shardings (for compiling)."""
         return jax.tree.map(

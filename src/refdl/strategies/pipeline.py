@@ -82,6 +82,8 @@ class Pipeline(Strategy):
     """GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1, ZB-V or DualPipeV over
     ``--stages`` devices, executed from the table."""
 
+    gathered_checkpoint = True  # each stage's state on its own devices: gathered to save
+
     traits = Traits(
         axes=("pipe",),
         options=frozenset({"stages", "schedule", "chunks", "stage_boundaries", "plot_schedule"}),

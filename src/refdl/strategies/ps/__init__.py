@@ -86,6 +86,8 @@ def check_consistency(spec: RunSpec, plan: Plan) -> None:
 class ParameterServer(Strategy):
     """Servers hold the parameters and the optimizer; workers push gradients, pull parameters."""
 
+    gathered_checkpoint = True  # the servers' shards and optimizer states, gathered to save
+
     traits = Traits(
         options=frozenset(
             {"ps_mode", "servers", "ps_groups", "staleness", "simulate", "workers", "ps_trace"}
