@@ -23,7 +23,8 @@ LAYERS = {
     "refdl.strategies": 5, "refdl.perf": 5,
     "refdl.hw": 6, "refdl.perf.prediction": 6, "refdl.perf.planning": 6,
     "refdl.run": 7, "refdl.adapters": 7,
-    "refdl.testing": 8, "refdl.named": 8, "refdl.predict": 8, "refdl.launch": 8, "refdl.train": 8,
+    "refdl.testing": 8, "refdl.named": 8, "refdl.predict": 8, "refdl.launch": 8,
+    "refdl.elastic": 8, "refdl.train": 8,
     "refdl.validate": 9, "refdl.bench": 9, "refdl.__main__": 9, "refdl": 9,
 }  # fmt: skip
 

@@ -6,6 +6,7 @@ on this machine or across hosts.
     .venv/bin/refdl launch --hosts node1:4,node2:4 train --strategy data   # ssh to the hosts
     bash scripts/hosts.sh up 2 && .venv/bin/refdl launch --hosts refdl-h1:2,refdl-h2:2 \\
         --launch-agent "bash scripts/hosts.sh agent" train --strategy data --devices 4
+    .venv/bin/refdl launch --elastic --hosts node1:4,node2:4 train --strategy data --out runs/e
 
 The same as ``mpirun -n N .venv/bin/python -m refdl.COMMAND ARGS`` (with the venv's
 mpirun, ``--oversubscribe``, root allowed and the malloc settings of
@@ -22,6 +23,10 @@ with ``--launch-agent CMD`` (called as ``CMD HOST COMMAND``; relative paths in i
 taken from here). When this machine is not one of the hosts and an agent is given,
 mpirun itself runs on the first host. The hosts must share this folder's path (the venv
 and the run folder), as on a cluster's shared file system.
+
+``--elastic`` (``refdl.elastic``): when a host is lost, the run carries on on the hosts
+that remain, from the newest checkpoint, resharded, with the same global batch; its
+``summary.json`` lists each restart. ``--min-hosts N`` bounds how far it shrinks.
 """
 
 from __future__ import annotations
@@ -49,6 +54,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="one host a line: NAME, NAME:RANKS or NAME slots=RANKS")  # fmt: skip
     p.add_argument("--launch-agent", metavar="CMD",
                    help="runs a command on a host in place of ssh: CMD HOST COMMAND")  # fmt: skip
+    p.add_argument("--elastic", action="store_true",
+                   help="when a host is lost, carry on on the others from the newest "
+                        "checkpoint (train only; refdl.elastic)")  # fmt: skip
+    p.add_argument(
+        "--min-hosts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --elastic: stop rather than carry on on fewer hosts (default 1)",
+    )
     p.add_argument("command", choices=sorted(COMMANDS), help="the refdl command to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
@@ -72,6 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         if slots is not None and ranks > slots:
             raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
                              "raise their RANKS or lower -n")  # fmt: skip
+        if args.min_hosts is not None and not args.elastic:
+            raise UsageError("--min-hosts is an option of --elastic")
+        if args.elastic:
+            from refdl.elastic import prepare
+
+            args.min_hosts = 1 if args.min_hosts is None else args.min_hosts
+
+            if hosts is None or args.command != "train":
+                raise UsageError("--elastic runs train across --hosts or --hostfile")
+            if problem := Int(min=1, max=len(hosts)).problem(args.min_hosts):
+                raise UsageError(f"--min-hosts must be {problem}")
+            if ranks != slots:
+                raise UsageError("--elastic takes every slot of the hosts; drop -n")
+            prepare(args.args)  # its refusals before anything starts
         if args.command == "train":  # its flags checked once here, not once per rank
             from refdl.train import PROG, check_flags
 
@@ -80,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             except UsageError as e:
                 print(f"{PROG}: error: {e}", file=sys.stderr)
                 return 2
+        if args.elastic:
+            from refdl.elastic import elastic
+
+            return elastic(hosts, agent, args.args, args.min_hosts)
         return launch(ranks, ["-m", COMMANDS[args.command], *args.args], hosts, agent)
     except UsageError as e:
         p.error(str(e))

@@ -421,7 +421,7 @@ def _children() -> list[int]:
 
 
 def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
-           agent: list[str] | None = None) -> int:  # fmt: skip
+           agent: list[str] | None = None, say_lost: bool = True) -> int:  # fmt: skip
     """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``; on
     ``hosts`` through the launch ``agent``, ``refdl.parallel.hosts``) and return its exit
     status; SIGINT and SIGTERM reaching this process are passed on as SIGUSR1 and
@@ -461,7 +461,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
                 "(a host or its daemon lost?); resume from the run's last checkpoint"
             )
         if line is not None:
-            print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
+            if say_lost:  # (an elastic launch says what it does about it instead)
+                print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
         return status
     finally:

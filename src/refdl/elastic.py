@@ -1,0 +1,194 @@
+"""``refdl launch --elastic --hosts h1:2,h2:2 train ...``: a run that carries on without a
+person when a host is lost.
+
+The run is started across the hosts as ``refdl launch`` would. When it ends because
+ranks were lost (``refdl.parallel.liveness``: rank 0 writes ``summary.json`` with the
+lost ranks' hosts, the last step done and the last good checkpoint, and every rank
+exits 3), the launcher drops the hosts named there (and any host that does not answer
+its launch agent within 10 s; when none is named and every host answers, processes died
+rather than a host, and the same hosts are used again), and, while at least
+``--min-hosts`` remain, starts the run again on them: ``--resume OUT --reshard`` from
+the newest intact checkpoint, with one rank per remaining slot. The global batch stays
+``--batch-size``: each rank takes a larger share of it (``data``'s batch is global), so
+a step's batch - a function of the seed, the step and the global batch only - is the
+one the uninterrupted run took, and the run ends where it would have ended. Checkpoints
+are asynchronous orbax saves, so ``--elastic`` saves every step unless
+``--checkpoint-every`` is given: a loss redoes at most the step whose save had not
+committed.
+
+Every restart is listed in the final ``summary.json`` (``restarts``): when, which hosts,
+the step reached and the checkpoint's, the steps redone, and the seconds from the loss
+to the first step on the survivors. A host that comes back is not taken in again during
+the run (not built: it would need the survivors to stop at a checkpoint and start
+again on the larger set).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from refdl.config.files import load_json
+from refdl.errors import UsageError
+from refdl.parallel.hosts import Host
+from refdl.parallel.liveness import EXIT_LOST
+from refdl.parallel.processes import launch
+
+MAX_RESTARTS = 8
+PROBE_S = 10.0
+
+
+def _value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def prepare(args: list[str]) -> tuple[list[str], Path]:
+    """The train arguments an elastic run needs: an ``--out`` (one is named when none is
+    given, so a restart knows where to resume), and a checkpoint every step unless
+    ``--checkpoint-every`` says otherwise; a resume of another run is refused."""
+    if _value(args, "--resume") is not None:
+        raise UsageError("--elastic starts a run; to continue one, resume it without --elastic")
+    out = _value(args, "--out")
+    if out is None:
+        out = str(Path("runs") / time.strftime("elastic-%Y%m%d-%H%M%S"))
+        args = [*args, "--out", out]
+    if _value(args, "--checkpoint-every") is None:
+        args = [*args, "--checkpoint-every", "1"]
+    return args, Path(out)
+
+
+def _newest(out: Path) -> str | None:
+    """The newest checkpoint folder of the run (when rank 0 could not name it)."""
+    from refdl.run.checkpoint import all_checkpoints
+
+    found = all_checkpoints(out / "checkpoints")
+    return str(found[-1]) if found else None
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    try:
+        found = load_json(out / "summary.json", "summary.json")
+    except UsageError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _answers(host: Host, agent: list[str] | None) -> bool:
+    """Whether ``host`` runs a command through the launch agent (ssh) within PROBE_S."""
+    cmd = [*agent, host.name, "true"] if agent else ["ssh", host.name, "true"]
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=PROBE_S).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _lost_hosts(hosts: list[Host], summary: dict[str, Any], agent: list[str] | None
+                ) -> list[Host]:  # fmt: skip
+    reason = str(summary.get("reason", ""))
+    return [h for h in hosts if f" on {h.name} " in f"{reason} " or not _answers(h, agent)]
+
+
+def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hosts: int
+            ) -> int:  # fmt: skip
+    """Run ``refdl train ARGS`` on ``hosts``, restarting on the survivors of each lost host
+    (see the module's docstring); the exit status of the last run."""
+    args, out = prepare(args)
+    current, restarts = list(hosts), []
+    run_args = args
+    while True:
+        status = launch(sum(h.slots for h in current), ["-m", "refdl.train", *run_args],
+                        current, agent, say_lost=False)  # fmt: skip
+        summary = _summary(out)
+        if restarts and restarts[-1]["seconds_lost"] is None:
+            first = summary.get("first_step_at_unix")
+            if isinstance(first, int | float):
+                restarts[-1]["seconds_lost"] = round(first - restarts[-1]["lost_at_unix"], 3)
+        if status == 0 and summary.get("status") == "completed":
+            break
+        if status != EXIT_LOST:
+            return status
+        lost = _lost_hosts(current, summary, agent)
+        # no host named and every host answers: processes died, not a host (or mpirun
+        # ended rank 0 before it could say which): the same hosts again
+        alive = [h for h in current if h not in lost]
+        last = summary.get("last_checkpoint") or _newest(out)
+        why = None
+        if len(alive) < min_hosts:
+            why = (f"{len(alive)} host(s) remain, fewer than --min-hosts {min_hosts}; resume "
+                   "by hand when hosts are back")  # fmt: skip
+        elif not last:
+            why = "no checkpoint was written before the loss; start the run again"
+        elif len(restarts) >= MAX_RESTARTS:
+            why = f"{MAX_RESTARTS} restarts already; resume by hand"
+        if why:
+            print(f"refdl.launch: error: {summary.get('reason', 'ranks were lost')}; {why}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return EXIT_LOST
+        step = int(Path(str(last)).name.removeprefix("step_"))
+        done = summary.get("last_step_done")
+        lost_at = summary.get("lost_at_unix")
+        lost_at = lost_at if isinstance(lost_at, int | float) else time.time()
+        ranks_before, ranks_after = sum(h.slots for h in current), sum(h.slots for h in alive)
+        restarts.append({
+            "at": datetime.datetime.fromtimestamp(lost_at, datetime.UTC).isoformat(),
+            "lost_hosts": [h.name for h in lost],
+            "hosts_after": {h.name: h.slots for h in alive},
+            "ranks": [ranks_before, ranks_after],
+            "step_reached": done if isinstance(done, int) else None,
+            "checkpoint_step": step,
+            "steps_redone": max(0, done - step) if isinstance(done, int) else None,
+            "lost_at_unix": lost_at,
+            "seconds_lost": None,
+        })  # fmt: skip
+        print(f"refdl.launch: {', '.join(h.name for h in lost) or 'ranks'} lost after step "
+              f"{done if done is not None else '?'}; carrying on on "
+              f"{','.join(f'{h.name}:{h.slots}' for h in alive)} from {last} ({ranks_after} "
+              "ranks, the same global batch)", file=sys.stderr, flush=True)  # fmt: skip
+        run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
+        current = alive
+    if restarts:
+        _record(out, summary, restarts, hosts, current)
+    return 0
+
+
+def _record(out: Path, summary: dict[str, Any], restarts: list[dict[str, Any]],
+            started: list[Host], ended: list[Host]) -> None:  # fmt: skip
+    """The restarts into the final ``summary.json`` (rank 0 wrote the rest)."""
+    batch = summary.get("global_batch")
+    per_rank = None
+    if isinstance(batch, int):
+        per_rank = [batch / r for r in (restarts[0]["ranks"][0], restarts[-1]["ranks"][1])]
+    summary["restarts"] = restarts
+    summary["elastic"] = {
+        "hosts_at_start": {h.name: h.slots for h in started},
+        "hosts_at_end": {h.name: h.slots for h in ended},
+        "global_batch": batch,
+        "per_rank_batch": per_rank,
+        "kept_by": "a larger per-rank batch (the global batch split over fewer ranks)",
+        "rejoin": "not built: a host that comes back is not taken in again during the run",
+    }
+    tmp = out / ".summary.json.elastic"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "summary.json")
