@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.parallel import liveness
 from refdl.parallel.hosts import Host, mpirun_on_hosts, parse_hosts, read_hostfile
 from refdl.parallel.processes import expand_nodelist
 from refdl.run.checkpoint import load_leaves
+from refdl.run.loop import fit
 
 AGENT = "bash scripts/hosts.sh agent"
 HOSTS = "refdl-h1:2,refdl-h2:2"
@@ -453,5 +455,5 @@ def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts
     assert 0 < r["seconds_lost"] < 120, r
     assert s["elastic"]["per_rank_batch"] == [s["global_batch"] / 4, s["global_batch"] / 2]
     ref = tmp_path / "single"
-    ok(train(ref, "--strategy", "single", "--steps", "60"))
+    fit(RunSpec(strategy="single", steps=60, out=str(ref), progress=False))  # in-process
     assert_same(params(out), params(ref))

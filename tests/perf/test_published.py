@@ -241,6 +241,7 @@ def test_intervals_are_the_calibration_fit(bench_json):
     assert fits["step"]["points"] >= 10 and fits["collective"]["points"] >= 50
 
 
+@pytest.mark.slow  # since 2026-11-27: the default suite's 15 min (15 min 28 s, issue 53)
 def test_predict_states_the_interval(capsys):
     """predict returns and prints the stated interval; a borrowed link's is wider."""
     from refdl.perf import intervals

@@ -38,7 +38,7 @@ def test_the_key_ignores_run_control_and_defaults_but_not_settings():
     assert all(config_key({**BASE, k: v}) != key for k, v in OTHER.items())
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(kinds=st.lists(st.one_of(st.just(None), st.sampled_from(sorted(OTHER)),
                                 st.sampled_from(sorted(CONTROL))),
@@ -77,7 +77,7 @@ ODD = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(
                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))  # fmt: skip
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(field=st.sampled_from((*FIELDS, "leaf.shape", "leaf.dtype", "leaf.fingerprint")), value=ODD)
 def test_a_manifest_damaged_in_any_field_is_refused_or_falls_back(tmp_path_factory, field,

@@ -46,6 +46,7 @@ def logs(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow  # since 2026-11-27: the default suite's 15 min (15 min 28 s, issue 53)
 def test_a_healthy_run_passes_with_the_rule_its_statistics_and_a_picture(logs):
     code, r = report(logs / "torch-mlp-shuffle-healthy-s7.jsonl", logs)
     assert code == 0 and r["passed"], r["failed"]

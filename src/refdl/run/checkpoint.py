@@ -32,10 +32,12 @@ refdl 1.0 and at least until 2027-06-01.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from refdl.parallel import processes
 from refdl.run import checkpoint_npz
 from refdl.run.checkpoint_npz import (  # noqa: F401 (part of this module's interface)
     Damaged,
+    _int,
     all_checkpoints,
     config_key,
     differing,
@@ -96,39 +99,60 @@ def step_of(state: Any) -> int:
 
 
 def _words(x: jax.Array) -> jax.Array:
-    """The array's bytes as a flat vector of uint32 words (narrower types widened)."""
+    """The array's bytes as uint32 words in its own shape (8-byte types: a last axis of 2;
+    narrower types widened), so nothing is reshaped or copied across its sharding."""
     if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32).reshape(-1)
+        return x.astype(jnp.uint32)
     size = np.dtype(x.dtype).itemsize
     as_uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
-    return jax.lax.bitcast_convert_type(x, as_uint).astype(jnp.uint32).reshape(-1)
+    return jax.lax.bitcast_convert_type(x, as_uint).astype(jnp.uint32)
+
+
+def _position(shape: tuple[int, ...]) -> jax.Array:
+    """Each element's row-major position (mod 2**32), from iotas: no flat copy."""
+    i = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        i = i + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= shape[axis]
+    return i
 
 
 def _fingerprint(x: jax.Array) -> jax.Array:
     u = _words(x)
-    i = jnp.arange(u.shape[0], dtype=jnp.uint32)
-    h = i * jnp.uint32(0x9E3779B1)
+    h = _position(u.shape) * jnp.uint32(0x9E3779B1)
     h = (h ^ (h >> 15)) * jnp.uint32(0x85EBCA77)
     a = jnp.sum(u * (h | jnp.uint32(1)), dtype=jnp.uint32)
     v = u ^ h
     b = jnp.sum(((v << 13) | (v >> 19)) * jnp.uint32(0x27D4EB2F), dtype=jnp.uint32)
-    return jnp.stack([a ^ jnp.uint32(u.shape[0] & 0xFFFFFFFF), b])
+    return jnp.stack([a ^ jnp.uint32(u.size & 0xFFFFFFFF), b])
 
 
 _fingerprint_jit = jax.jit(_fingerprint)
+_all_fingerprints = jax.jit(lambda leaves: [_fingerprint(x) for x in leaves])
+SMALL_LEAF = 16 << 20  # bytes of words: leaves below are fingerprinted together
 
 
 def fingerprints(leaves: list[Any]) -> list[str]:
     """Each array's fingerprint (16 hex digits), the same for any sharding of it; every
     process holding a part of a sharded array must call this at the same point."""
-    out = []
-    for x in leaves:
-        f = _fingerprint_jit(x)
-        if not f.is_fully_addressable:
-            f = f.addressable_data(0)
-        a, b = (int(v) for v in np.asarray(f))
-        out.append(f"{a:08x}{b:08x}")
-    return out
+    if not leaves:
+        return []
+    # Small leaves in one program (one reduction across processes, not one per leaf); each
+    # large one alone, so the words and hashes held at once stay about twice one leaf.
+    small = [i for i, x in enumerate(leaves) if np.size(x) * 4 <= SMALL_LEAF]
+    groups = [small] if small else []
+    groups += [[i] for i in range(len(leaves)) if i not in set(small)]
+    found: dict[int, Any] = {}
+    for group in groups:
+        try:
+            found.update(zip(group, _all_fingerprints([leaves[i] for i in group]), strict=True))
+        except ValueError:  # leaves on different devices (pipeline stages): one at a time
+            found.update((i, _fingerprint_jit(leaves[i])) for i in group)
+    local = [found[i] if found[i].is_fully_addressable else found[i].addressable_data(0)
+             for i in range(len(leaves))]  # fmt: skip
+    table = np.asarray(jax.device_get(local)).reshape(len(leaves), 2)
+    return [f"{int(a):08x}{int(b):08x}" for a, b in table]
 
 
 # -- saving ------------------------------------------------------------------------------
@@ -154,6 +178,7 @@ class Saver:
             ),
             create=True,
             cleanup_tmp_directories=True,
+            enable_background_delete=True,  # the oldest step goes while training goes on
         )
         self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=(STATE, META))
         self.steps: set[int] = set()
@@ -257,10 +282,6 @@ def is_npz(path: Path) -> bool:
     return any(os.path.lexists(path / n) for n in (checkpoint_npz.STATE, checkpoint_npz.META))
 
 
-def _int(v: Any, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
 def _leaf_ok(e: Any) -> bool:
     if not isinstance(e, dict):
         return False
@@ -277,30 +298,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if is_npz(path):
         return checkpoint_npz.read_meta(path)
-    f = path / META_FILE
-    if not os.path.lexists(f):
-        raise Damaged(f"{META_FILE} is missing")
-    try:
-        meta = load_json(f, META_FILE, limit=MANIFEST_LIMIT, error=Damaged)
-    except Damaged as e:
-        why = str(e).removeprefix(f"{META_FILE} {f}: ")
-        raise Damaged(f"{META_FILE} is unreadable ({why})") from None
-    ok = isinstance(meta, dict) and _int(meta.get("format"), FORMAT, FORMAT)
-    ok = ok and _int(meta.get("step"), 0, 10**12) and isinstance(meta.get("spec"), dict)
-    ok = ok and isinstance(meta.get("tree_paths"), list) and isinstance(meta.get("leaves"), list)
-    ok = ok and len(meta["tree_paths"]) == len(meta["leaves"])
-    if not ok:
-        raise Damaged(f"{META_FILE} lacks the format, step, settings or leaves of a checkpoint")
-    if not all(isinstance(t, str) for t in meta["tree_paths"]):
-        raise Damaged(f"{META_FILE}: a tree path is not text")
-    if not all(_leaf_ok(e) for e in meta["leaves"]):
-        raise Damaged(f"{META_FILE}: a leaf lacks a valid shape, dtype or fingerprint")
-    m = re.match(r"^step_(\d+)$", path.name)
-    if m and int(m.group(1)) != meta["step"]:
-        raise Damaged(f"{META_FILE} says step {meta['step']}, its folder {path.name}")
-    if "config" in meta and meta["config"] != config_key(meta["spec"]):
-        raise Damaged(f"{META_FILE}: its configuration key does not match its settings")
-    return meta
+    return checkpoint_npz.load_manifest(path, META_FILE, FORMAT, _leaf_ok, "dtype or fingerprint")
 
 
 def check_files(path: Path) -> None:
@@ -323,8 +321,9 @@ def check_files(path: Path) -> None:
                 raise Damaged(f"{rel} is not a regular file (a folder)")
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 raise Damaged(f"{rel} is not a regular file (a FIFO, socket or device)")
-            if stat.S_ISREG(st.st_mode) and st.st_size > FILE_LIMIT:
-                raise Damaged(f"{rel} is larger than {FILE_LIMIT} bytes")
+            limit = MANIFEST_LIMIT if name == "manifest.ocdbt" else FILE_LIMIT
+            if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+                raise Damaged(f"{rel} is larger than {limit} bytes")
             if name in _ORBAX_JSON or rel.parent.name == "array_metadatas":
                 try:
                     load_json(p, str(rel), limit=JSON_LIMIT, error=Damaged)
@@ -360,7 +359,8 @@ def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]
         leaves = [got[k] for k in _keys(len(meta["leaves"]))]
     except Damaged as e:
         problem = str(e)
-    except Exception as e:
+    except Exception as e:  # tensorstore, orbax: any failure to read means damage
+        _quiet_closed_loops()
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
         problem = f"{STATE}/ is unreadable ({type(e).__name__}{': ' + first if first else ''})"
     problem = _agree(problem)
@@ -373,6 +373,31 @@ def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]
         if f != want["fingerprint"]:
             raise Damaged(f"array {i} ({meta['tree_paths'][i]}) does not match its fingerprint")
     return leaves
+
+
+def _quiet_closed_loops() -> None:
+    """After a failed read, tensorstore's reads still in flight finish on their own threads
+    and call back into orbax's event loop, closed by then: each callback's RuntimeError
+    ("Event loop is closed") would print a traceback, and asyncio would log the abandoned
+    reads' errors, breaking the one-line report. Those (and only those) are dropped; every
+    other unraisable exception goes to the hook that was there."""
+    if getattr(sys.unraisablehook, "refdl_quiet", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(args: Any) -> None:
+        closed = isinstance(args.exc_value, RuntimeError) and "Event loop is closed" in str(
+            args.exc_value
+        )
+        if not closed:
+            previous(args)
+
+    hook.refdl_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    # and orbax's other reads, abandoned, are reported by asyncio when collected
+    logging.getLogger("asyncio").addFilter(
+        lambda record: "exception was never retrieved" not in str(record.msg)
+    )
 
 
 def _agree(problem: str | None) -> str | None:

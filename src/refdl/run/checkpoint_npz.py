@@ -8,10 +8,10 @@ shape, dtype and SHA-256 digest. It is written into a temporary folder, synced,
 and renamed into place, so a folder named ``step_N`` is always complete;
 temporaries left by a killed writer are removed when the next run starts.
 
-Restoring verifies first: the manifest parses, every array is present with its
-shape, dtype and digest, and the tree paths match the run's state. ``--resume``
-takes the newest checkpoint that verifies and says why newer ones were
-skipped; when none does, it is a one-line error.
+Reading verifies first: the manifest parses (``read_meta``), every array is present
+with its shape, dtype and digest (``read_leaves``). ``refdl.run.checkpoint`` resolves
+and restores both formats; format 1 is read until refdl 1.0 and at least until
+2027-06-01.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import numpy as np
 from refdl.config.files import check_regular, load_json
 from refdl.config.spec import RUN_CONTROL_KEYS, RunSpec
 from refdl.core.state import TrainState
-from refdl.errors import UsageError
 
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -182,28 +181,35 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     """The manifest of the checkpoint at ``path``, held to a strict schema (types and
     ranges; the step its folder's; the configuration key its settings'): ``Damaged``
     if it is not one."""
-    f = Path(path) / META
-    if not f.exists() and not f.is_symlink():
-        raise Damaged(f"{META} is missing")
+    return load_manifest(Path(path), META, FORMAT, _leaf_ok, "numeric dtype or SHA-256")
+
+
+def load_manifest(path: Path, name: str, fmt: int, leaf_ok: Any, leaf_has: str) -> dict[str, Any]:
+    """The manifest ``path/name`` of either format: bounded JSON; format ``fmt``; a step,
+    settings, tree paths and one entry per leaf that ``leaf_ok`` accepts (``leaf_has``
+    says what one holds); the step its folder's; the configuration key its settings'."""
+    f = path / name
+    if not os.path.lexists(f):
+        raise Damaged(f"{name} is missing")
     try:
-        meta = load_json(f, META, limit=MANIFEST_LIMIT, error=Damaged)
+        meta = load_json(f, name, limit=MANIFEST_LIMIT, error=Damaged)
     except Damaged as e:
-        raise Damaged(f"{META} is unreadable ({str(e).removeprefix(f'{META} {f}: ')})") from None
-    ok = isinstance(meta, dict) and _int(meta.get("format"), FORMAT, FORMAT)
+        raise Damaged(f"{name} is unreadable ({str(e).removeprefix(f'{name} {f}: ')})") from None
+    ok = isinstance(meta, dict) and _int(meta.get("format"), fmt, fmt)
     ok = ok and _int(meta.get("step"), 0, 10**12) and isinstance(meta.get("spec"), dict)
     ok = ok and isinstance(meta.get("tree_paths"), list) and isinstance(meta.get("leaves"), list)
     ok = ok and len(meta["tree_paths"]) == len(meta["leaves"])
     if not ok:
-        raise Damaged(f"{META} lacks the format, step, settings or leaves of a checkpoint")
+        raise Damaged(f"{name} lacks the format, step, settings or leaves of a checkpoint")
     if not all(isinstance(t, str) for t in meta["tree_paths"]):
-        raise Damaged(f"{META}: a tree path is not text")
-    if not all(_leaf_ok(e) for e in meta["leaves"]):
-        raise Damaged(f"{META}: a leaf lacks a valid shape, numeric dtype or SHA-256")
-    m = _STEP_DIR.match(Path(path).name)
+        raise Damaged(f"{name}: a tree path is not text")
+    if not all(leaf_ok(e) for e in meta["leaves"]):
+        raise Damaged(f"{name}: a leaf lacks a valid shape, {leaf_has}")
+    m = _STEP_DIR.match(path.name)
     if m and int(m.group(1)) != meta["step"]:
-        raise Damaged(f"{META} says step {meta['step']}, its folder {Path(path).name}")
+        raise Damaged(f"{name} says step {meta['step']}, its folder {path.name}")
     if "config" in meta and meta["config"] != config_key(meta["spec"]):
-        raise Damaged(f"{META}: its configuration key does not match its settings")
+        raise Damaged(f"{name}: its configuration key does not match its settings")
     return meta
 
 
@@ -233,77 +239,6 @@ def read_leaves(path: str | Path, meta: dict[str, Any]) -> list[np.ndarray]:
         # parser raise SyntaxError or TokenError, a changed shape a huge allocation
         raise Damaged(f"{STATE} is unreadable ({type(e).__name__})") from None
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The checkpoint a resume uses, with its verified contents, and the newer ones it
-    skipped (name, reason)."""
-
-    path: Path
-    meta: dict[str, Any]
-    leaves: list[np.ndarray]
-    skipped: tuple[tuple[str, str], ...] = ()
-
-    def report(self) -> str:
-        """One line for the log: which checkpoint, and why newer ones were not used."""
-        why = "; ".join(f"skipped {name}: {reason}" for name, reason in self.skipped)
-        return f"resuming from {self.path}" + (f" ({why})" if why else "")
-
-
-def resolve(path: str | Path, config: dict[str, Any] | None = None) -> Choice:
-    """The newest intact checkpoint ``path`` names (a checkpoint itself, a run folder or
-    its ``checkpoints`` folder) of the configuration ``config`` (settings; None: any):
-    one written by other settings is skipped, the settings that differ named. A
-    UsageError says why none can be used."""
-    p = Path(path)
-    if _STEP_DIR.match(p.name) and p.is_dir():
-        candidates = [p]
-    else:
-        candidates = all_checkpoints(p / "checkpoints") or all_checkpoints(p)
-    if not candidates:
-        raise UsageError(
-            f"--resume {path}: no checkpoint there (expected a run folder with checkpoints/"
-            "step_N, or a step_N folder)"
-        )
-    skipped = []
-    want = config_key(config) if config is not None else None
-    for c in reversed(candidates):
-        try:
-            meta = read_meta(c)
-            if want is not None and config_key(meta["spec"]) != want:
-                keys = differing(config, meta["spec"])[:4]
-                what = ", ".join(f"{k} {meta['spec'][k]!r}, the run's {config[k]!r}" for k in keys)
-                raise Damaged(f"written by another configuration ({what or 'other settings'})")
-            return Choice(c, meta, read_leaves(c, meta), tuple(skipped))
-        except Damaged as e:
-            skipped.append((c.name, str(e)))
-    reasons = "; ".join(f"{n}: {r}" for n, r in skipped)
-    raise UsageError(f"--resume {path}: no intact checkpoint of this run ({reasons})")
-
-
-def restore(choice: Choice | str | Path, like: TrainState) -> TrainState:
-    """The checkpoint's state (a ``Choice``, or a path ``resolve`` picks from) in the
-    structure of ``like`` (a fresh host state); a checkpoint of another model or
-    optimizer is a UsageError, never a mis-assignment."""
-    if not isinstance(choice, Choice):
-        choice = resolve(choice)
-    want = _paths(like)
-    shapes = [list(np.shape(x)) for x in jax.tree.leaves(like)]
-    if choice.meta["tree_paths"] != want or [e["shape"] for e in choice.meta["leaves"]] != shapes:
-        raise UsageError(
-            f"--resume {choice.path}: the checkpoint's state does not match this run's model "
-            "and optimizer (different parameters or optimizer state); resume with the same "
-            "settings"
-        )
-    return jax.tree.unflatten(jax.tree.structure(like), choice.leaves)
-
-
-def load_leaves(path: str | Path) -> dict[str, np.ndarray]:
-    """Every saved array keyed by its tree path (``.params['00_conv']['kernel']``, ...), from
-    a checkpoint or run folder: for comparing runs whose state structures differ."""
-    choice = resolve(path)
-    return dict(zip(choice.meta["tree_paths"], choice.leaves, strict=True))
 
 
 def config_key(settings: dict[str, Any]) -> str:
