@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from refdl.config.files import load_json
+from refdl.core.state import place
 from refdl.errors import UsageError
 from refdl.parallel import processes
 from refdl.run import checkpoint_npz
@@ -243,12 +244,7 @@ class Saver:
 
 
 def _same_run(path: Path, meta: dict[str, Any]) -> bool:
-    try:
-        saved = read_meta(path)
-    except Damaged:
-        return False
-    spec = meta.get("spec")
-    return not isinstance(spec, dict) or config_key(saved["spec"]) == config_key(spec)
+    return checkpoint_npz._same_run(path, meta, read=read_meta)  # either format's manifest
 
 
 def save(ckpt_dir: str | Path, state: Any, meta: dict[str, Any], keep: int = 3) -> Path:
@@ -486,10 +482,9 @@ def resolve(
 
 
 def _place(x: np.ndarray, like: Any) -> Any:
+    """A format-1 host array where ``like`` puts it (each device its own slice)."""
     sharding = getattr(like, "sharding", None)
-    if sharding is None:
-        return x
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return x if sharding is None else place(x, sharding)
 
 
 def restore(choice: Choice | str | Path, like: Any) -> Any:

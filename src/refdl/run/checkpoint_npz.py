@@ -126,10 +126,11 @@ def save(ckpt_dir: str | Path, state: TrainState, meta: dict[str, Any], keep: in
     return path
 
 
-def _same_run(path: Path, meta: dict[str, Any]) -> bool:
-    """Whether the checkpoint at ``path`` is intact-looking and of ``meta``'s settings."""
+def _same_run(path: Path, meta: dict[str, Any], read: Any = None) -> bool:
+    """Whether the checkpoint at ``path`` is intact-looking and of ``meta``'s settings
+    (its manifest read by ``read``: this format's ``read_meta`` unless given)."""
     try:
-        saved = read_meta(path)
+        saved = (read or read_meta)(path)
     except Damaged:
         return False
     spec = meta.get("spec")
