@@ -40,11 +40,13 @@ from refdl.config.values import Int
 from refdl.errors import UsageError
 from refdl.parallel.hosts import agent_words, parse_hosts, read_hostfile
 from refdl.parallel.processes import launch
+from refdl.parallel.signals import STOPPER
 
 COMMANDS = {"train": "refdl.train", "validate": "refdl.validate", "bench": "refdl.bench"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    STOPPER.install(exit_as="refdl.launch")  # a signal before mpirun starts: one line, 130/143
     p = Parser(name="refdl.launch", prog="refdl launch", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("-n", "--ranks", type=int, help="MPI ranks (default: the hosts' ranks)")

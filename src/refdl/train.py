@@ -32,7 +32,7 @@ import sys
 
 from refdl.cli import Parser, given_settings
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
-from refdl.parallel.signals import STOPPER
+from refdl.parallel.signals import STOPPER, say, signal_exit_status
 
 # Only light modules above: SIGINT/SIGTERM are handled from the first moments; JAX later.
 PROG = "refdl.train"
@@ -103,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as e:
         where = f"; continue from {e.checkpoint} with --resume" if e.checkpoint else ""
-        print(f"{PROG}: interrupted by {signal.Signals(e.signum).name}{where}", file=sys.stderr,
-              flush=True)  # fmt: skip
-        return 128 + e.signum
+        say(f"{PROG}: interrupted by {signal.Signals(e.signum).name}{where}")  # (one per run)
+        return signal_exit_status(e.signum)
     if not summary:  # a rank other than 0 under mpirun: rank 0 reports
         return 0
     if path := settings.get("plot_schedule"):

@@ -270,11 +270,10 @@ def check_lost(proc: subprocess.Popen, out: Path, gone: float, bound: float) -> 
 
 
 @pytest.mark.mpi
-# Back in the default suite (2026-11-27): in 3 of about 12 fresh-clone CI runs (2026-11-25/26)
-# mpirun ended rank 0 before its record; the launcher then exited 0 with nothing said
-# (twice; now exit 3, 6a7f7dc) or said what rank 1 saw: "rank 0 on refdl-h1 was lost".
-# Never reproduced here: 20 local runs, then 10 of 10 in a row under two CPU hogs, twice
-# (docs/distributed.md, "A lost host").
+# In 3 of about 12 fresh-clone CI runs (2026-11-25/26), and about 1 in 3 here (2026-11-27),
+# rank 0 ended before its record: JAX's distributed service ends every process once a task
+# dies. In its recoverable mode (processes.init_spmd) this passed 10 of 10 in a row here
+# (2026-11-27; docs/distributed.md, "A lost host").
 def test_a_killed_host_ends_every_rank_and_the_rest_carry_on(tmp_path, test_hosts):
     """SIGKILL to every process on refdl-h2: the connections reset, every rank on
     refdl-h1 ends with exit status 3 (measured: 0.35 s, 2026-11-25). The run then goes on

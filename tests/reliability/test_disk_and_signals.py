@@ -53,7 +53,7 @@ def test_plain_mpirun_sigterm_says_where_the_checkpoints_are(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    said = [ln for ln in err.splitlines() if ln.startswith("refdl (rank 0): interrupted")]
+    said = [ln for ln in err.splitlines() if ln.startswith("refdl (rank 0): ended by")]
     assert len(said) == 1, err[-3000:]
     assert "SIGTERM" in said[0] and f"--resume {out}" in said[0]
     # the stop step's checkpoint usually lands within mpirun's quarter second; whichever

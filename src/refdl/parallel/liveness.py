@@ -23,13 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from refdl.errors import UsageError
+from refdl.parallel.signals import LAUNCH_RECORD, STOPPER
 
 INTERVAL = 1.0  # seconds between heartbeats
 GATHER_S = 0.3  # after a lost rank, how long the others lost with it have to show
 LOST_AFTER_MAX = 30.0  # silence that means a lost host, at most (half --timeout if shorter,
 # so that the watchdog's "no progress" after --timeout never comes first)
 EXIT_LOST = 3  # the exit status of every rank when one was lost (as the watchdog's)
-RECORD_VAR = "REFDL_LAUNCH_RECORD"  # a file refdl launch reads when mpirun has ended
+RECORD_VAR = LAUNCH_RECORD  # a file refdl launch reads when mpirun has ended
 
 
 def _send(sock: socket.socket, data: bytes) -> None:
@@ -49,6 +50,7 @@ class Monitor:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._failing = False
+        STOPPER.before_exit.append(self.close)  # a signal's exit says goodbye first
 
     # -- the line every rank prints --------------------------------------------------------
 

@@ -17,6 +17,7 @@ Rank and size are read from the launcher's environment first, so a plain
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -31,9 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-import jax
+from typing import Any, ClassVar
 
 from refdl.errors import UsageError
 from refdl.parallel import liveness
@@ -239,6 +238,20 @@ def mpirun_env() -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for a while (what C++ logs there cannot be caught in
+    Python); a failure still raises, with its message."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def init_spmd(timeout_s: float = 120.0) -> None:
     """Join every rank into one JAX runtime (``jax.distributed``) with CPU collectives.
 
@@ -249,6 +262,8 @@ def init_spmd(timeout_s: float = 120.0) -> None:
     """
     if getattr(init_spmd, "done", False):
         return
+    import jax  # here: the launcher's helpers above load without it
+
     world = comm()
     rank, size = world.Get_rank(), world.Get_size()
     hosts = rank_hosts()
@@ -262,14 +277,38 @@ def init_spmd(timeout_s: float = 120.0) -> None:
                 address = f"{_rank0_host(hosts)}:{s.getsockname()[1]}"
         address = world.bcast(address, root=0)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        address,
-        num_processes=size,
-        process_id=rank,
-        initialization_timeout=int(timeout_s),
-    )
+    # A task that dies must not end the others from inside JAX: by default the distributed
+    # service then terminates every process (absl's quiet fatal, no line, no record), and
+    # when that came first rank 0 never said which host was lost (3 of ~12 CI runs, and
+    # about 1 in 3 here on 2026-11-27). The heartbeats (liveness) end the ranks instead.
+    jax.config.update("jax_enable_recoverability", True)
+    with _quiet_stderr():  # its one warning (the recoverable mode is "experimental")
+        jax.distributed.initialize(
+            address,
+            num_processes=size,
+            process_id=rank,
+            initialization_timeout=int(timeout_s),
+        )
     STOPPER.reinstall()  # jax.distributed's preemption notifier took over SIGTERM
+    atexit.register(_end_spmd, rank)  # (runs before JAX's own clean-up, registered earlier)
     init_spmd.done = True
+
+
+def _end_spmd(rank: int, timeout_s: float = 10.0) -> None:
+    """Leave the JAX runtime in order at exit: every other rank first, then rank 0, whose
+    process holds the distributed service. In the recoverable mode nothing else orders it,
+    and a rank whose goodbye finds the service gone is ended by JAX with a fatal error."""
+    import jax
+
+    with contextlib.suppress(Exception):
+        if rank != 0:
+            jax.distributed.shutdown()
+        request = comm().Ibarrier()
+        deadline = time.monotonic() + timeout_s
+        while not request.Test() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if rank == 0:
+            jax.distributed.shutdown()
 
 
 def _rank0_host(hosts: list[str]) -> str:
@@ -420,6 +459,43 @@ def _children() -> list[int]:
     return found
 
 
+class _Relay:
+    """The launcher's SIGINT/SIGTERM: passed on to mpirun as SIGUSR1/SIGUSR2 (which it
+    forwards to the ranks without ending the job), and left in a stop file that ranks
+    still starting read at their first step (``Stopper.poll``); after the run, one line."""
+
+    RELAY: ClassVar[dict[int, int]] = {signal.SIGINT: signal.SIGUSR1,
+                                       signal.SIGTERM: signal.SIGUSR2}  # fmt: skip
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.proc, self.signum = path, None, None
+
+    def handle(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            with contextlib.suppress(OSError):
+                self.path.write_text(f"{int(signum)}\n")
+        self.relay(signum)
+
+    def relay(self, signum: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(self.RELAY[signum])
+
+    def report(self, scratch: Path, status: int) -> int:
+        """The run's one line (rank 0's, else the lowest rank's, else the launcher's own)
+        and ``128 + signal``; a run that completed before the signal took effect, 0."""
+        said = sorted(scratch.glob("said.*"), key=lambda p: int(p.suffix[1:] or 0))
+        name = signal.Signals(self.signum).name
+        if not said and status == 0 and (scratch / "rank0.ended").exists():
+            return 0  # the signal came as the run ended: it is whole
+        line = (said[0].read_text(errors="replace").strip() if said else
+                f"refdl.launch: interrupted by {name} before the ranks began training; "
+                "nothing to resume")  # fmt: skip
+        print(line, file=sys.stderr, flush=True)
+        return 128 + int(self.signum)
+
+
 def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
            agent: list[str] | None = None, say_lost: bool = True) -> int:  # fmt: skip
     """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``; on
@@ -439,9 +515,11 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         if hosts:
             cmd = mpirun_on_hosts(cmd, hosts, agent, env)
         subreaper = _become_subreaper()  # ranks mpirun leaves behind become our children
-        proc = subprocess.Popen(cmd, env=env)
-        relay = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
-        old = {s: signal.signal(s, lambda sig, _f: proc.send_signal(relay[sig])) for s in relay}
+        stop = _Relay(scratch / "stop")
+        old = {s: signal.signal(s, stop.handle) for s in stop.RELAY}  # before mpirun starts
+        proc = stop.proc = subprocess.Popen(cmd, env=env)
+        if stop.signum is not None:  # a signal while mpirun was starting
+            stop.relay(stop.signum)
         status, noticed = None, None
         while status is None:
             try:
@@ -464,6 +542,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
             if say_lost:  # (an elastic launch says what it does about it instead)
                 print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
+        if stop.signum is not None:
+            return stop.report(scratch, status)
         return status
     finally:
         for s, h in old.items():

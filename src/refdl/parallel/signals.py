@@ -3,6 +3,7 @@ that a run ends whole. Imports nothing heavy: a CLI installs it before anything 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -27,6 +28,7 @@ class Stopper:
         self.exit_before_training: str | None = None  # a CLI's name: exit at once, quietly
         self.run_dir: str | None = None  # the run folder, told to mpirun's caller on a signal
         self._old: dict[int, Any] = {}
+        self.before_exit: list[Any] = []  # called before a signal ends the process at once
 
     @property
     def installed(self) -> bool:
@@ -65,15 +67,30 @@ class Stopper:
             signal.signal(sig, old)
         self._old = {}
 
+    def poll(self) -> bool:
+        """Whether a stop was asked: by a signal, or under ``refdl launch`` by the launcher's
+        stop file, which also reaches ranks that were still starting when mpirun forwarded
+        the signal (mpirun drops a signal for ranks it has not started)."""
+        if not self.requested and (path := launch_file("stop")) and os.path.exists(path):
+            try:
+                with open(path) as f:
+                    signum = int(f.read().strip() or signal.SIGINT)
+            except (OSError, ValueError):
+                signum = int(signal.SIGINT)
+            self.requested, self.signum = True, signum
+        return self.requested
+
     def _handle(self, signum: int, frame: Any) -> None:
         if signum not in self.MEANS and "OMPI_COMM_WORLD_RANK" in os.environ:
             _tell_mpiruns_caller(signum, self.run_dir)
         signum = int(self.MEANS.get(signum, signum))
         if not self.armed and self.exit_before_training:
             name = signal.Signals(signum).name
-            os.write(2, f"{self.exit_before_training}: interrupted by {name} before training "
-                        "began\n".encode())  # fmt: skip
-            os._exit(128 + signum)
+            say(f"{self.exit_before_training}: interrupted by {name} before training began")
+            for close in self.before_exit:  # (the heartbeats' goodbye: no rank is "lost")
+                with contextlib.suppress(Exception):
+                    close()
+            os._exit(signal_exit_status(signum))
         if self.armed and not self.requested:
             self.requested, self.signum = True, signum
             if sys.stderr.isatty():  # a person at a terminal: say it was heard
@@ -85,20 +102,54 @@ class Stopper:
 
 
 LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
+LAUNCH_RECORD = "REFDL_LAUNCH_RECORD"  # refdl launch's record file (liveness.RECORD_VAR)
+
+
+def launch_file(name: str) -> str | None:
+    """A file ``NAME`` beside ``refdl launch``'s record, where the launcher and the ranks
+    leave each other words (None when ``refdl launch`` did not start this process)."""
+    path = os.environ.get(LAUNCH_RECORD)
+    return os.path.join(os.path.dirname(path), name) if path else None
+
+
+def signal_exit_status(signum: int) -> int:
+    """A rank's exit status after a signal: ``128 + signum``, but 0 under ``refdl launch``,
+    whose own status says it (a non-zero rank makes mpirun print a banner and end the
+    others at once)."""
+    return 0 if launch_file("stop") else 128 + int(signum)
+
+
+def say(line: str) -> None:
+    """A rank's last line to the user. Under ``refdl launch`` it is left for the launcher,
+    which prints one line per run (mpirun drops what ranks print as it ends them, and
+    every rank would print its own); elsewhere it goes to stderr."""
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+    path = launch_file(f"said.{rank}")
+    if path:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(line + "\n")
+            return
+        except OSError:
+            pass  # the launcher's folder is gone: stderr is all there is
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode())
 
 
 def _tell_mpiruns_caller(signum: int, run_dir: str | None) -> None:
     """Plain ``mpirun`` answers SIGINT/SIGTERM by ending the ranks within a quarter second
     and drops what they print meanwhile: rank 0 writes its one line straight to the
     stderr of ``mpirun`` itself (its parent process on the launching host)."""
-    if os.environ.get("OMPI_COMM_WORLD_RANK") != "0":
-        return
+    if os.environ.get("OMPI_COMM_WORLD_RANK") != "0" or launch_file("stop"):
+        return  # (under refdl launch, mpirun's SIGTERM ends a job the launcher explains)
     name = signal.Signals(signum).name
+    saved = run_dir and any(p.startswith("step_") for p in _listdir(f"{run_dir}/checkpoints"))
     where = (f"the newest intact checkpoint in {run_dir}/checkpoints continues it with "
-             f"--resume {run_dir}" if run_dir else "nothing was written yet")  # fmt: skip
-    line = (
-        f"refdl (rank 0): interrupted by {name} through mpirun, which ends the ranks "
-        f"at once; {where} (refdl launch, or kill -USR1 to mpirun, stops cleanly)\n"
+             f"--resume {run_dir}" if saved else "no checkpoint was written yet")  # fmt: skip
+    line = (  # mpirun sends it when it was interrupted, and when a rank ended or was lost
+        f"refdl (rank 0): ended by {name} from mpirun (it was interrupted, or a rank ended "
+        f"or was lost); {where} (refdl launch, or kill -USR1 to mpirun, stops cleanly)\n"
     )
     try:
         parent = os.getppid()
@@ -112,6 +163,13 @@ def _tell_mpiruns_caller(signum: int, run_dir: str | None) -> None:
             os.close(fd)
     except OSError:
         pass  # no /proc, another launcher: the rank's own stderr is all there is
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 STOPPER = Stopper()

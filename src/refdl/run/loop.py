@@ -197,7 +197,7 @@ class _Loop:
         return (
             done == self.start + 1
             or done == s.steps
-            or self.stop.requested
+            or self.stop.poll()
             or any(every and done % every == 0
                    for every in (s.log_every, s.eval_every, s.checkpoint_every))
         )  # fmt: skip
@@ -218,7 +218,7 @@ class _Loop:
                     self.history.setdefault("batch_sizes", []).append(step.run.spec.batch_size)
                 self.history["compilations"] = COMPILES.count - compiled
                 self._record(step)
-                stop = self.stop.requested
+                stop = self.stop.poll()
                 if self.strategy.lockstep:  # every rank in the loop stops at the same step
                     stop = processes.agree(stop)
                 if stop:
