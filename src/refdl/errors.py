@@ -15,6 +15,22 @@ class UsageError(ValueError):
         super().__init__(" ".join(str(message).split()))
 
 
+def together(*checks: Callable[[], object]) -> None:
+    """Run independent checks and name every mistake at once: their UsageErrors become
+    one (``first; second``), so a user fixes a command in one round, not one per run."""
+    found: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except UsageError as e:
+            if str(e) not in found:
+                found.append(str(e))
+    if len(found) == 1:
+        raise UsageError(found[0])
+    if found:
+        raise UsageError(f"{len(found)} problems: " + "; ".join(found))
+
+
 class DataError(UsageError):
     """A data file is missing or malformed: the message names the file."""
 

@@ -24,6 +24,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from refdl.cli import Parser
@@ -131,6 +132,7 @@ def draw(record: dict[str, Any], path: str) -> None:
     ax.set_title(f"{record['model']} on {record['devices']} x {record['hw']}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # checked writable before the search
     fig.savefig(path, dpi=110)
 
 

@@ -242,7 +242,47 @@ FOREIGN = [
     ("validate: log a FIFO", "refdl.validate", ["--results", f"{T}/fifo.jsonl"], "is a FIFO"),
 ]  # fmt: skip
 
+# Issue 54's reliability harness: what hung, ended in a traceback or was accepted silently.
+# fmt: off
+THIRD_LOOK = [
+    ("validate: final_params a FIFO", "refdl.validate", ["--results", f"{T}/fifoparams.jsonl"],
+     "is a FIFO, not a regular file"),
+    ("validate: step 999,999,999 undeclared", "refdl.validate",
+     ["--results", f"{T}/farstep.jsonl"], "more than the 100,000 refdl reruns"),
+    ("validate: a million steps declared", "refdl.validate",
+     ["--results", f"{T}/million.jsonl"], "rerun of 1,000,000 steps"),
+    ("validate: a CSV field of 1 MB", "refdl.validate", ["--results", f"{T}/wide.csv"],
+     "field larger than field limit"),
+    ("validate: CSV config a list", "refdl.validate", ["--results", f"{T}/configlist.csv"],
+     "must hold a JSON object"),
+    ("validate: export-start empty", "refdl.validate", ["--model", "mlp", "--export-start", ""],
+     "--export-start is empty"),
+    ("validate: optimizer lion, no phase line", "refdl.validate",
+     ["--framework", "tensorflow", "--optimizer", "lion"], "--optimizer must be one of"),
+    ("published: TOML nested 5000 deep", "refdl.bench", ["published", "--data", f"{T}/deep5000.toml"],
+     "nested deeper than 64 levels"),
+    ("published: empty data", "refdl.bench", ["published", "--data", f"{T}/emptydata.toml"],
+     "no [[point]] tables"),
+    ("predict-vs-measure: rounds 0", "refdl.bench", ["predict-vs-measure", "--rounds", "0"],
+     "--rounds must be an integer in [1,"),
+    ("zbv on 1 device", "refdl.train", ["--strategy", "pipeline", "--devices", "1", "--schedule",
+                                        "zbv"], "orders the work of 2 or more pipeline stages"),
+    ("schedule without stages", "refdl.train", ["--strategy", "hybrid", "--devices", "2",
+                                                "--mesh", "data=2", "--schedule", "gpipe"],
+     "--schedule gpipe needs pipeline stages"),
+    ("three mistakes at once", "refdl.train", ["--steps", "0", "--lr", "-1", "--seed", "-2"],
+     "3 problems: --steps must be"),
+    ("layout mistakes at once", "refdl.train", ["--strategy", "hybrid", "--model", "moe",
+                                                "--devices", "6", "--mesh", "expert=3,context=2",
+                                                "--data-opt", "seq_len=21"],
+     "3 problems: --batch-size 64 does not split into 3 shards"),
+    ("hw: no command", "refdl.hw", [], "refdl hw: error: the following arguments are required"),
+    ("data: no command", "refdl.data", [], "refdl data: error: the following arguments are"),
+    ("launch: no command", "refdl.launch", [], "the following arguments are required: command"),
+]
+
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
+CASES += THIRD_LOOK
 
 
 class Evil:
@@ -297,6 +337,7 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "good.jsonl").write_text('{"config": {"model": "mlp", "steps": 2}}\n'
                                     '{"step": 0, "loss": 2.3}\n{"step": 1, "loss": 2.2}\n')  # fmt: skip
     make_foreign_inputs(tmp, good)
+    make_third_look_inputs(tmp)
     head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'
     (tmp / "min.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = "high" }\n')
     (tmp / "timeout.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = 0.5 }\n'
@@ -305,6 +346,23 @@ def make_inputs(tmp: Path) -> None:
                                     '[acceptable]\nTestAccuracy = { min = 0.5 }\n')  # fmt: skip
     (tmp / "section.toml").write_text(head + "[acceptable]\nTestAccuracy = { min = 0.5 }\n"
                                       "[extras]\nx = 1\n")  # fmt: skip
+
+
+def make_third_look_inputs(tmp: Path) -> None:
+    """Issue 54's files: a FIFO for final_params, far and long logs, odd CSVs, deep TOML."""
+    config = '{"model": "mlp", "strategy": "single", "batch_size": 64'
+    os.mkfifo(tmp / "fifo.npz")
+    rows = "".join(f'{{"step": {t}, "loss": 2.3}}\n' for t in range(6))
+    (tmp / "fifoparams.jsonl").write_text(
+        f'{{"config": {config}, "steps": 6, "final_params": "fifo.npz"}}}}\n' + rows)
+    (tmp / "farstep.jsonl").write_text(f'{{"config": {config}}}}}\n{{"step": 0, "loss": 2.3}}\n'
+                                       '{"step": 999999999, "loss": 2.3}\n')  # fmt: skip
+    (tmp / "million.jsonl").write_text(f'{{"config": {config}, "steps": 1000000}}}}\n' + rows)
+    (tmp / "wide.csv").write_text(f"# config: {config}, \"steps\": 2}}\nstep,loss\n0,"
+                                  + "9" * (1 << 20) + "\n")  # fmt: skip
+    (tmp / "configlist.csv").write_text("# config: [1]\nstep,loss\n0,2.3\n")
+    (tmp / "deep5000.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp / "emptydata.toml").write_text("")
 
 
 def make_foreign_inputs(tmp: Path, profile: str) -> None:

@@ -14,11 +14,11 @@ its threshold; 2 bad input.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from refdl.bench import compare, microbatch, op_profile, predict_vs_measure, published, recipes
+from refdl.cli import Parser
 from refdl.errors import UsageError
 
 COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare", "published", "microbatch")
@@ -30,7 +30,7 @@ def _simulated_devices() -> None:
 
 def run_main(argv: list[str]) -> int:
     """``bench run``: one or more recipes; exit 1 when any metric misses its bounds."""
-    ap = argparse.ArgumentParser(prog="refdl bench run")
+    ap = Parser(name="refdl bench run")
     ap.add_argument("recipes", nargs="+", help="recipe TOML files")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="change a mutable key of the recipe")  # fmt: skip

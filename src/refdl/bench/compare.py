@@ -21,7 +21,6 @@ warning names both (the JSON records them, ``trusted`` false), and ``--strict`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -35,6 +34,8 @@ import jax
 from refdl import plots
 from refdl.adapters import torch as adapter
 from refdl.bench.mpi_allreduce import machine_cpu_seconds
+from refdl.cli import Parser
+from refdl.config.paths import writable_folder
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
@@ -197,7 +198,7 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="refdl bench compare",
+    ap = Parser(name="refdl bench compare",
                                  description=__doc__.split("\n")[0])  # fmt: skip
     ap.add_argument("--frameworks", default="refdl,torch")
     ap.add_argument("--model", default="lenet5")
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
+        if args.out:
+            writable_folder(args.out, "--out")
         frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
         bad = sorted(set(frameworks) - set(FRAMEWORKS))
         if bad or not frameworks:

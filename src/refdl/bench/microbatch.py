@@ -17,16 +17,18 @@ entry: that difference is reported beside the check, not taken as the plan's).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from refdl.cli import Parser
+from refdl.config.paths import writable_file
 from refdl.config.spec import RunSpec
 from refdl.config.values import memory_size
 from refdl.core.conv import ConvPlan, conv_impl, conv_plan
@@ -186,7 +188,7 @@ def _default_im2col(sig: tuple) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="refdl bench microbatch", description=__doc__)
+    ap = Parser(name="refdl bench microbatch", description=__doc__)
     ap.add_argument("--model", default="resnet")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--memory-limit", default="64MiB", help="workspace limit (e.g. 64MiB)")
@@ -199,12 +201,15 @@ def main(argv: list[str]) -> int:
     try:
         if args.batch_size < 1 or args.repeats < 1:
             raise UsageError("--batch-size and --repeats must be at least 1")
+        if args.out:
+            writable_file(args.out, "--out", (".json",))
         limit = memory_size(args.memory_limit)
         r = run_bench(args.model, args.batch_size, limit, args.policy, args.mode, args.repeats)
     except UsageError as e:
         print(f"refdl bench microbatch: error: {e}", file=sys.stderr)
         return 2
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(r, f, indent=1)
     if args.json:

@@ -19,7 +19,6 @@ predicted hand-offs (``[device.in_step]``'s ``handoff_s`` per operation).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -29,6 +28,8 @@ from typing import Any
 
 from refdl import hw
 from refdl.bench.predict_vs_measure import WARMUP, step_times
+from refdl.cli import Parser
+from refdl.config.paths import writable_file
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.hw.calibrate.in_step import traced_ops
@@ -137,7 +138,7 @@ def print_table(r: dict[str, Any], top: int = 8) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="refdl bench op-profile", description=__doc__.split("\n")[0])
+    ap = Parser(name="refdl bench op-profile", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="lenet5")
     ap.add_argument("--hw", default="local", help="hardware profile (name or TOML path)")
     ap.add_argument("--batch-size", type=int, default=64)
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
     try:
+        if args.out:
+            writable_file(args.out, "--out", (".json",))
         result = run(args.model, args.hw, args.batch_size, args.steps)
     except UsageError as e:
         print(f"refdl.bench op-profile: error: {e}", file=sys.stderr)

@@ -21,7 +21,6 @@ rounds' errors.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -38,7 +37,10 @@ import jax
 import numpy as np
 
 from refdl import hw
+from refdl.cli import Parser
+from refdl.config.paths import writable_file
 from refdl.config.spec import RunSpec
+from refdl.config.values import Int
 from refdl.hw.calibrate.in_step import device_tables, generic_steps
 from refdl.hw.calibrate.links import fit_alpha_beta, simulated_devices_allreduce
 from refdl.parallel.processes import mpirun_command, mpirun_env, simulate_devices
@@ -255,9 +257,7 @@ def run(rounds: int, steps: int, with_mpi: bool, calibrate: bool = False) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="refdl bench predict-vs-measure", description=__doc__.split("\n")[0]
-    )
+    ap = Parser(name="refdl bench predict-vs-measure", description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per round")
     ap.add_argument("--mpi", action="store_true", help="also ps and decentralized under mpirun")
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                     "predict the round with them (side by side)")  # fmt: skip
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
+        if problem := Int(min=1, max=10_000).problem(value):
+            ap.error(f"{flag} must be {problem}")
+    if args.out:
+        writable_file(args.out, "--out", (".json",))
     result = run(args.rounds, args.steps, args.mpi, args.calibrate)
     drift = result["drift_corrected"]
     print(f"{'model':8s} {'strategy':14s} {'P':>2s} {'measured ms':>12s} {'predicted ms':>13s} "

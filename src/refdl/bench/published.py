@@ -20,18 +20,18 @@ reason and left out of the errors. No published point may be faster than its bou
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import sys
-import tomllib
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from refdl import hw
 from refdl.bench import parallel_points, searches
+from refdl.cli import Parser
+from refdl.config.files import load_toml
 from refdl.errors import UsageError
 from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
@@ -76,12 +76,10 @@ class Point:
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     """The points and the ``[split]`` table of a measurements file."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--data {path}: no such file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"--data {path}: not valid TOML ({e})") from None
+    raw = load_toml(path, "--data")  # a regular file, bounded in size and nesting
+    if not raw.get("point"):
+        raise UsageError(f"--data {path}: no [[point]] tables; give a measurements file "
+                         f"such as {DATA}")  # fmt: skip
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
     parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
@@ -560,7 +558,7 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG.replace("refdl.", "refdl ", 1),
+    ap = Parser(name=PROG.replace("refdl.", "refdl ", 1),
                                  description=__doc__.splitlines()[0])  # fmt: skip
     ap.add_argument("--data", default=str(DATA), help="measurements TOML")
     ap.add_argument("--json", action="store_true", help="summary and every point as JSON")

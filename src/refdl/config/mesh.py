@@ -28,9 +28,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import jax
-from jax.sharding import AxisType
-
 from refdl.errors import UsageError
 
 AXES = ("data", "fsdp", "expert", "context", "model", "pipe")  # outermost first
@@ -114,6 +111,9 @@ class MeshSpec:
         """The ``jax.sharding.Mesh`` over ``devices`` with axes ``AXES``."""
         if len(devices) != self.size:
             raise UsageError(f"mesh {self.as_dict()} needs {self.size} devices, got {len(devices)}")
+        import jax  # here, not at the top: flags are checked before JAX loads (about 1 s)
+        from jax.sharding import AxisType
+
         return jax.make_mesh(
             self.shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=list(devices)
         )

@@ -28,7 +28,7 @@ from refdl.config.choices import LOOPED, SPARSE_ALLREDUCE, chunks_of
 from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.rules import PRESET_RULES, MeshAxes, degree
 from refdl.config.spec import RunSpec, flag
-from refdl.errors import UsageError
+from refdl.errors import UsageError, together
 
 DEFAULT_SIMULATED_WORKERS = 4
 # RunSpec fields that only some strategies accept (each declares which in its Traits).
@@ -180,14 +180,12 @@ def plan(
     """Check ``spec`` for ``strategy`` on ``model`` with ``ranks`` MPI ranks; the Plan."""
     spec = dataclasses.replace(spec, microbatches=traits.microbatches(spec))
     given = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != f.default]
-    check_options(given, strategy, traits, owners or {strategy: traits})
-    check_launch(spec, strategy, traits, ranks)
-    check_precision(spec, traits, ranks)
-    if spec.batch_size > model.train_size:
-        raise UsageError(
-            f"--batch-size {spec.batch_size} is larger than the {model.train_size} training "
-            "examples of the data set; use a smaller batch"
-        )
+    together(
+        lambda: check_options(given, strategy, traits, owners or {strategy: traits}),
+        lambda: check_launch(spec, strategy, traits, ranks),
+        lambda: check_precision(spec, traits, ranks),
+        lambda: check_batch_fits(spec.batch_size, model.train_size),
+    )
     if not traits.batch_stats and model.batch_stats:
         raise UsageError(
             f"--strategy {strategy} does not support {model.name} (BatchNorm statistics would "
@@ -245,10 +243,11 @@ def _mesh_plan(
         batch_axes = ("fsdp", "data")
     if mesh.expert > 1:  # the expert axis splits the batch too (GShard, DeepSpeed-MoE)
         batch_axes = (*((batch_axes,) if isinstance(batch_axes, str) else batch_axes), "expert")
-    check_batch(spec.batch_size, degree(mesh, batch_axes), m)
-    check_experts(spec, mesh, model)
-    check_layers(mesh, model, rules)
-    check_sequence(spec, mesh, model)
+    together(
+        lambda: check_batch(spec.batch_size, degree(mesh, batch_axes), m),
+        lambda: (check_experts(spec, mesh, model), check_layers(mesh, model, rules)),
+        lambda: check_sequence(spec, mesh, model),
+    )
     chunks, cuts = spec.chunks, ()
     if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
@@ -259,6 +258,8 @@ def _mesh_plan(
         chunks = chunks_of(spec.schedule, spec.chunks)
     elif spec.chunks != 1:
         raise UsageError(f"--chunks {spec.chunks} needs pipeline stages (pipe > 1)")
+    elif spec.schedule != "1f1b":
+        raise UsageError(f"--schedule {spec.schedule} needs pipeline stages (pipe > 1)")
     return Plan(mesh, m, rules, batch_axes, "spmd", chunks=chunks, cuts=cuts)
 
 
@@ -347,6 +348,15 @@ def mesh_of(
     return mesh
 
 
+def check_batch_fits(batch_size: int, examples: int) -> None:
+    """A batch is drawn from the training set: it cannot be larger."""
+    if batch_size > examples:
+        raise UsageError(
+            f"--batch-size {batch_size} is larger than the {examples} training "
+            "examples of the data set; use a smaller batch"
+        )
+
+
 def check_batch(global_batch: int, shards: int, microbatches: int = 1) -> None:
     """The global batch must split into ``shards`` of ``microbatches`` equal parts."""
     if microbatches < 1:
@@ -431,6 +441,11 @@ def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
     for ``interleaved``, else balanced by parameter count (``balance``). ZB-V has two
     chunks per device; the looped schedules ``--chunks``."""
     m, n = spec.microbatches, len(model.layers)
+    if p == 1 and spec.schedule != "1f1b":  # one stage: no order of stages to choose
+        raise UsageError(
+            f"--schedule {spec.schedule} orders the work of 2 or more pipeline stages, and "
+            "this run has 1; give --devices 2 or more (or --stages), or drop --schedule"
+        )
     if spec.chunks != 1 and spec.schedule not in LOOPED:
         raise UsageError(f"--chunks {spec.chunks} needs --schedule interleaved or looped-bfs")
     v = chunks_of(spec.schedule, spec.chunks)

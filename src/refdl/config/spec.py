@@ -352,10 +352,11 @@ class RunSpec:
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
         together; return self. Needs neither data nor devices (the constructor calls it)."""
-        for f in dataclasses.fields(self):
-            problem = f.metadata["value"].problem(getattr(self, f.name))
-            if problem:
-                raise UsageError(f"{flag(f.name)} must be {problem}")
+        problems = [(f, f.metadata["value"].problem(getattr(self, f.name)))
+                    for f in dataclasses.fields(self)]  # fmt: skip
+        bad = [f"{flag(f.name)} must be {problem}" for f, problem in problems if problem]
+        if bad:  # every field's mistake at once
+            raise UsageError(f"{len(bad)} problems: " + "; ".join(bad) if len(bad) > 1 else bad[0])
         if self.warmup_steps > self.steps:
             raise UsageError(
                 f"--warmup-steps {self.warmup_steps} is beyond --steps {self.steps}: the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refdl.cli import Parser
 from refdl.config.paths import writable_folder
 from refdl.config.values import Int
 from refdl.data import load_dataset
@@ -17,12 +18,9 @@ from refdl.errors import UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="refdl data",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser = Parser(name="refdl data", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.sub_parsers(dest="cmd", required=True, metavar="{convert}")
     conv = sub.add_parser("convert", help="write a data set as a zarr store")
     conv.add_argument("--dataset", required=True)
     conv.add_argument("--data-dir")

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from importlib import resources
 from pathlib import Path
 
+from refdl.cli import Parser
+from refdl.config.paths import writable_file
 from refdl.errors import UsageError
 from refdl.hw.calibrate import calibrate
 from refdl.hw.profile import dumps, load, parse
@@ -19,8 +20,8 @@ from refdl.parallel.processes import keep_freed_memory, simulate_devices
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m refdl.hw calibrate [--out FILE]`` | ``python -m refdl.hw show NAME``."""
-    ap = argparse.ArgumentParser(prog="python -m refdl.hw", description=main.__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = Parser(name="refdl hw", description=main.__doc__)
+    sub = ap.sub_parsers(dest="cmd", required=True, metavar="{calibrate,show}")
     cal = sub.add_parser("calibrate", help="measure this machine and write a profile")
     cal.add_argument("--out", help="profile path (default: the shipped profiles/local.toml)")
     cal.add_argument("--name", default="local")
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("name")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "calibrate" and args.out:  # before minutes of measuring
+            writable_file(args.out, "--out", (".toml",))
         if args.cmd == "show":
             print(dumps(load(args.name)), end="")
             return 0
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_freed_memory()  # and steps as refdl.train runs them
         profile = parse(calibrate(args.name), "calibration")
         out = Path(args.out or str(resources.files("refdl.hw") / "profiles" / f"{args.name}.toml"))
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(dumps(profile))
     except UsageError as e:
         print(f"refdl.hw: error: {e}", file=sys.stderr)

@@ -17,23 +17,23 @@ from refdl.config.files import load_json
 from refdl.config.flags import file_settings
 from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
-from refdl.config.plan import check_options
 from refdl.config.spec import (
     LAYOUT_KEYS,
     OUTPUT_KEYS,
     flag,
 )
 from refdl.errors import UsageError
-from refdl.parallel import processes
-from refdl.run import checkpoint
-from refdl.run.checkpoint import config_key, differing
-from refdl.strategies import STRATEGIES, declared_traits, traits_of
+
+# JAX (which the checkpoints, the strategies and the launcher's helpers import) loads inside
+# the functions that need it, so a missing file or a bad value answers in well under 1 s.
 
 
 def run_config(resume: str) -> tuple[Path | None, dict[str, Any] | None]:
     """The run folder ``--resume`` names (a run folder, its ``checkpoints``, or one of its
     checkpoints) and the settings it was started with (its ``config.json``; None when it
     has none). A damaged ``config.json`` is a one-line error, never a guess."""
+    from refdl.run import checkpoint
+
     p = Path(resume)
     if checkpoint.is_checkpoint(p):
         folder = p.parent.parent
@@ -55,11 +55,18 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     agree on everything but how long and how loudly the run goes). The checkpoint is the
     newest intact one of the run's own configuration (its ``config.json``); where it
     writes, only the command line says."""
+    from refdl.parallel import processes
+    from refdl.run import checkpoint
+    from refdl.run.checkpoint import config_key, differing
+
     folder, config = run_config(explicit["resume"])
     named = checkpoint.is_checkpoint(explicit["resume"])
     # the manifest only: the arrays are read (and verified) once the ranks have joined
     choice = checkpoint.resolve(explicit["resume"], None if named else config, arrays=False)
     path, saved = choice.path, choice.meta["spec"]
+    if config is None and not named and processes.launched_rank() == 0:  # said, not guessed
+        print(f"refdl.train: {folder}/config.json is missing: continuing with the settings "
+              f"saved in {path}", file=sys.stderr, flush=True)  # fmt: skip
     if explicit.get("reshard"):
         return resharded_settings(explicit, path, saved)
     other = named and config is not None and config_key(config) != config_key(saved)
@@ -97,6 +104,10 @@ def resharded_settings(
     strategies must be synchronous and hold one state (not ps or decentralized): then the
     trajectory goes on as one device's would, the data order included (a pure function of
     the seed, the step and the global batch, whatever the data-parallel degree)."""
+    from refdl.parallel import processes
+    from refdl.run.checkpoint import differing
+    from refdl.strategies import traits_of
+
     old = saved.get("strategy", "single")
     new = explicit.get("strategy", old)
     for name, whose in ((old, "the checkpoint's"), (new, "the new")):
@@ -129,6 +140,9 @@ def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[
     main job's 8 simulated devices (or every accelerator) for a strategy that fills the host
     (``Traits.fills_host``: hybrid) given neither;
     the product of a ``--mesh`` given without ``--devices``; else ``--devices``."""
+    from refdl.parallel import processes
+    from refdl.strategies import traits_of
+
     if processes.under_mpi():  # one device per rank; the ranks are the devices
         processes.one_device_per_rank()
         return {"devices": processes.launched_size(), **settings}
@@ -163,6 +177,9 @@ def choose_devices(settings: dict[str, Any], prog: str = "refdl.train") -> dict[
 def check_given_options(settings: dict[str, Any], given: set[str]) -> None:
     """A strategy's option given on the command line for another strategy is refused,
     even at its default value (``--zero 3`` with ``single`` would be silently ignored)."""
+    from refdl.config.plan import check_options
+    from refdl.strategies import STRATEGIES, declared_traits
+
     name = settings.get("strategy", "single")
     if name not in STRATEGIES.names():
         return  # refused with the list of strategies when the run is built

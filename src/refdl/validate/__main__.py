@@ -218,6 +218,11 @@ def check_args(args: argparse.Namespace) -> None:
     if args.precision == "fp64" and (args.framework != "torch" or args.results or by_outcome(args)):
         raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
                          "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
+    for key in ("results", "report", "export_start", "seed_cache", "config", "hw"):
+        if getattr(args, key) is not None and not str(getattr(args, key)).strip():
+            raise UsageError(f"--{key.replace('_', '-')} is empty; give a path or drop it")
+    if args.control is not None and not all(str(c).strip() for c in args.control):
+        raise UsageError("--control is empty; give a log or drop it")
     if args.report:
         writable_folder(args.report, "--report")
     if args.export_start:

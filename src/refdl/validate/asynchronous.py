@@ -78,8 +78,9 @@ def validate_async(args: Request) -> dict[str, Any]:
     for name in ("optimizer", "lr", "dataset"):
         if getattr(args, name) is not None:
             common[name] = getattr(args, name)
+    spec = RunSpec(strategy="single", **common)  # refused settings: before any phase line
     phase(f"refdl.validate: refdl's reference run of {args.model}, {args.steps} steps")
-    ref = reference_run(RunSpec(strategy="single", **common), plain_layers=True)
+    ref = reference_run(spec, plain_layers=True)
     if len(set(ref.lrs)) > 1 and fw == "tensorflow":
         raise ValidationFailed("TensorFlow's parameter-server run takes one learning rate; "
                                "this configuration's schedule changes it")  # fmt: skip

@@ -343,8 +343,8 @@ def validate(args: Request) -> dict[str, Any]:
     workers = args.workers or (2 if traits.replicas else 1)
     one = traits.replicas or not traits.axes or args.workers  # one device per process
     devices = 1 if traits.replicas else args.devices or (1 if one else 2)
+    spec = sync_spec(args, devices, workers)  # refused settings: one line, before any phase
     phase(f"refdl.validate: refdl's {args.strategy} run of {args.model}, {args.steps} steps")
-    spec = sync_spec(args, devices, workers)
     ref = reference_run(spec, plain_layers=fw != "torch")
     envelope = rounded = None
     if ref.spec.optimizer == "muon" and args.torch_muon_ns == "bf16":

@@ -194,7 +194,10 @@ def _csv(text: str, names: dict, notes: list[str]) -> tuple[list[dict], dict]:
     lines = []
     for line in text.splitlines():
         if line.startswith("# config:"):
-            config.update(json.loads(line.split(":", 1)[1]))
+            given = json.loads(line.split(":", 1)[1])
+            if not isinstance(given, dict):
+                raise ValueError("the '# config:' line must hold a JSON object")
+            config.update(given)
         elif line.strip() and not line.startswith("#"):
             lines.append(line)
     reader = csv.DictReader(io.StringIO("\n".join(lines)))
@@ -339,7 +342,8 @@ def read_log(
             )
     except UsageError:
         raise
-    except (json.JSONDecodeError, ValueError, AttributeError, KeyError, RecursionError) as e:
+    except (json.JSONDecodeError, ValueError, AttributeError, KeyError, RecursionError,
+            csv.Error) as e:  # fmt: skip
         raise UsageError(f"--results {path}: cannot parse it ({e})") from None
     if config_file:
         config.update(read_config(config_file))

@@ -31,6 +31,7 @@ import numpy as np
 
 from refdl import hw as hwmod
 from refdl.assemble import resolve
+from refdl.config.files import check_regular
 from refdl.config.spec import RunSpec
 from refdl.data import DATASETS
 from refdl.errors import UsageError
@@ -44,6 +45,8 @@ from refdl.validate.logs import CONFIG_KEYS, INITS, read_log
 from refdl.validate.request import Request
 
 RATES = Path(__file__).with_name("rates.json")  # written by scripts/bench_validate.py
+RERUN_STEPS = 100_000  # the most steps a log's rerun takes (refdl validate's own --steps bound)
+PARAMS_LIMIT = 16 << 30  # the largest final_params npz read
 # Keys that change results: when a log leaves one out, the report names what refdl assumed.
 ASSUMED = {
     "dataset": "the model's default data set",
@@ -303,6 +306,17 @@ def results_report(args: Request) -> dict[str, Any]:
     )
     rows, config = log.rows, log.config
     steps = int(config.get("steps", max(int(r["step"]) for r in rows) + 1))
+    if steps > RERUN_STEPS:  # refused at once, not found out after hours of reruns
+        whose = "configuration's steps" if "steps" in config else "last logged step"
+        raise UsageError(
+            f"--results {args.results}: its {whose} ask{'s' * (whose[-1] != 's')} for a rerun "
+            f"of {steps:,} steps, more than the {RERUN_STEPS:,} refdl reruns; compare the "
+            f"first N steps with --set steps=N"
+        )
+    rows = [r for r in rows if int(r["step"]) < steps]  # (--set steps=N compares the first N)
+    if config.get("final_params"):  # a FIFO or a folder is refused now, not after the rerun
+        check_regular(_params_path(args.results, config["final_params"]),
+                      f"--results {args.results}: final_params", PARAMS_LIMIT)  # fmt: skip
     assumptions, warnings = declared(config)
     comparison, why = _choose(config, steps)
     theirs = {int(r["step"]): float(r["loss"]) for r in rows}
@@ -395,9 +409,14 @@ def _has_split(spec: RunSpec) -> bool:
     return "split" in DATASETS.get(resolve(spec).dataset).options
 
 
+def _params_path(log: str, name: str) -> Path:
+    """Where a log's ``final_params`` is: relative to the log, unless absolute."""
+    return Path(name) if Path(name).is_absolute() else Path(log).parent / name
+
+
 def _final_params(log: str, name: str) -> dict[str, np.ndarray]:
     """The final weights a log points to (an npz in refdl's layout, relative to the log)."""
-    path = Path(name) if Path(name).is_absolute() else Path(log).parent / name
+    path = check_regular(_params_path(log, name), f"--results {log}: final_params", PARAMS_LIMIT)
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
