@@ -14,10 +14,11 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
 
 
 def test_every_example_is_here():
-    assert EXAMPLES == ["custom_cost.py", "custom_model.py", "local_sgd.py"]
+    assert EXAMPLES == ["custom_cost.py", "custom_dataset.py", "custom_model.py", "local_sgd.py"]
 
 
-SLOW = ("custom_model.py", "local_sgd.py")  # 10-13 s each on 2 cores (-m slow runs them)
+# 10-17 s each on 2 cores (-m slow runs them)
+SLOW = ("custom_dataset.py", "custom_model.py", "local_sgd.py")
 
 
 @pytest.mark.parametrize(
@@ -68,4 +69,17 @@ def test_the_library_pages_model_recipe_is_the_examples():
     ]
     have = set(plain(example))
     missing = [ln for ln in wanted if ln not in have and not ln.startswith("refdl.assert")]
+    assert not missing, missing
+
+
+def test_the_library_pages_data_set_recipe_is_the_examples():
+    """Issue 54: each registration on docs/library.md is its runnable example's."""
+    import re
+
+    page = (ROOT / "docs" / "library.md").read_text()
+    block = page.split("## A data set of your own", 1)[1].split("```python", 1)[1].split("```")[0]
+    example = (ROOT / "examples" / "custom_dataset.py").read_text()
+    plain = lambda text: [re.sub(r"\s+#.*$", "", ln).strip() for ln in text.splitlines()]  # noqa: E731
+    have = set(plain(example))
+    missing = [ln for ln in plain(block) if ln and ln != "..." and ln not in have]
     assert not missing, missing

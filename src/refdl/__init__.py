@@ -32,6 +32,10 @@ _PUBLIC = {
     "register_model": "refdl.models.base",
     "Strategy": "refdl.strategies.base",
     "register_strategy": "refdl.strategies.base",
+    "ArrayDataset": "refdl.data.base",
+    "DataInfo": "refdl.data.base",
+    "DatasetDef": "refdl.data.base",
+    "register_dataset": "refdl.data.base",
     "build": "refdl.run.build",
     "trajectory": "refdl.run.trajectory",
     "run_steps": "refdl.run.trajectory",
@@ -42,7 +46,11 @@ _PUBLIC = {
     "predict_steps": "refdl.named",
     "UsageError": "refdl.errors",
 }
-_ALIASES = {"register_model": "register", "register_strategy": "register"}
+_ALIASES = {
+    "register_model": "register",
+    "register_strategy": "register",
+    "register_dataset": "register",
+}
 # Calls whose refusals are worded for a library caller (arguments, not flags).
 _WORDED = {"build", "trajectory", "run_steps", "fit", "assert_equivalent"}
 __all__ = sorted(_PUBLIC)
