@@ -148,3 +148,36 @@ def test_any_corruption_is_either_harmless_or_detected(tmp_path_factory, states,
         return
     for a, b in zip(jax.tree.leaves(states[1]), leaves, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow  # 23 s on 2 cores (2026-11-27): the default suite is near its 15 minutes
+def test_a_run_whose_checkpoint_is_format_1_resumes_exactly_and_quietly(tmp_path):
+    """Format 1 stays readable until refdl 1.0 (at least until 2027-06-01): a run whose only
+    checkpoint is a ``state.npz`` continues to where an uninterrupted run ends, bit for bit,
+    and orbax's manager, meeting the old step folder, prints nothing (it warned "Metadata
+    file does not exist" until 2026-11-27)."""
+    from conftest import run_cli
+
+    common = ("--model", "mlp", "--eval-every", "0", "--no-progress")
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    first = run_cli(*common, "--steps", "4", "--checkpoint-every", "4", "--out", str(run))
+    assert first.returncode == 0, first.stderr[-2000:]
+    choice = checkpoint.resolve(run)  # orbax's step 4, on the host
+    spec = RunSpec.from_dict(choice.meta["spec"])
+    like = to_host(build(spec).task.init_state(0))
+    state = jax.tree.unflatten(jax.tree.structure(like), [np.asarray(x) for x in choice.leaves])
+    shutil.rmtree(choice.path)
+    old = checkpoint_npz.save(run / "checkpoints", state, {"spec": choice.meta["spec"]})
+    assert (old / "state.npz").exists()
+    again = run_cli("--resume", str(run), "--steps", "8", "--no-progress")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Metadata file" not in again.stderr, again.stderr[-2000:]
+    assert [ln for ln in again.stderr.splitlines() if ln.strip()] == [
+        f"refdl: resuming from {old}"
+    ], again.stderr[-2000:]
+    whole = run_cli(*common, "--steps", "8", "--out", str(ref))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    got, want = checkpoint.load_leaves(run), checkpoint.load_leaves(ref)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)

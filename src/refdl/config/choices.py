@@ -11,7 +11,8 @@ from __future__ import annotations
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "muon")
 LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
-INIT_SCHEMES = ("lecun_normal", "torch", "keras")  # refdl's, PyTorch's and Keras' defaults
+# refdl's, PyTorch's, Keras' and MXNet Gluon's (a bare net.initialize()) defaults
+INIT_SCHEMES = ("lecun_normal", "torch", "keras", "mxnet")
 SPARSE_ALLREDUCE = ("sparse", "sparse-split")  # top-k pairs summed (refdl.comm.sparse)
 ALLREDUCE = ("xla", "ring", "tree", "halving-doubling", *SPARSE_ALLREDUCE)
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "looped-bfs")

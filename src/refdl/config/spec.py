@@ -163,8 +163,8 @@ class RunSpec:
     init: str = WHAT(
         "lecun_normal",
         Choice(INIT_SCHEMES),
-        "initialisation: refdl's (lecun_normal) or torch's or keras' default "
-        "Dense/Conv draws, for comparing with their runs",
+        "initialisation: refdl's (lecun_normal) or torch's, keras' or mxnet's (a bare "
+        "net.initialize()) default Dense/Conv draws, for comparing with their runs",
     )
     seed: int = OPTIMIZATION(0, Int(min=0, max=2**32 - 1), "seed of initialisation and data order")
     remat: str = OPTIMIZATION(

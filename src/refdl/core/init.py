@@ -11,7 +11,9 @@ from the same distribution (``--init``):
   ``kaiming_uniform(a=sqrt(5))`` = ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, biases
   ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``;
 - ``keras``: Keras' ``Dense``/``Conv2D`` default: kernels Glorot-uniform
-  ``U(-sqrt(6/(fan_in+fan_out)), ...)``, biases 0.
+  ``U(-sqrt(6/(fan_in+fan_out)), ...)``, biases 0;
+- ``mxnet``: a bare ``net.initialize()`` in MXNet Gluon: ``mx.init.Uniform(0.07)``, kernels
+  ``U(-0.07, 0.07)`` whatever the fan, biases 0.
 
 Only Dense and convolution layers are redrawn (fan-in of a ``(kh, kw, in, out)``
 kernel: ``kh kw in``); other layers keep refdl's draws.
@@ -61,8 +63,8 @@ def redraw(params: PyTree, model: Any, scheme: str, key: jax.Array) -> PyTree:
             p["kernel"] = draw(kk, shape, bound)
             if "bias" in p:
                 p["bias"] = draw(kb, p["bias"].shape, bound)
-        else:  # keras
-            bound = math.sqrt(6.0 / (fan_in + fan_out))
+        else:  # keras; mxnet: a fixed scale
+            bound = 0.07 if scheme == "mxnet" else math.sqrt(6.0 / (fan_in + fan_out))
             p["kernel"] = draw(kk, shape, bound)
             if "bias" in p:
                 p["bias"] = jnp.zeros_like(p["bias"])

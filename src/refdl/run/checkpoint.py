@@ -77,7 +77,19 @@ _ORBAX_JSON = ("_METADATA", "_CHECKPOINT_METADATA", "_sharding")
 def _ocp() -> Any:
     import orbax.checkpoint as ocp  # ~1 s to import: only when a checkpoint is touched
 
+    if not getattr(_ocp, "quiet", False):  # orbax logs through absl's Python logger
+        logging.getLogger("absl").addFilter(_not_about_format_1)
+        _ocp.quiet = True
     return ocp
+
+
+def _not_about_format_1(record: logging.LogRecord) -> bool:
+    """False for orbax's warning that a step folder has no metadata of its own when that
+    folder is a format-1 checkpoint (``state.npz``): expected until format 1 goes."""
+    text = str(record.getMessage())
+    if not text.startswith("Metadata file does not exist: "):
+        return True
+    return not (Path(text.split(": ", 1)[1]).parent / checkpoint_npz.STATE).exists()
 
 
 def _keys(n: int) -> list[str]:

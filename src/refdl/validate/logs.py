@@ -81,6 +81,9 @@ INITS = {
     "keras": "keras",
     "keras_default": "keras",
     "glorot_uniform": "keras",
+    "mxnet": "mxnet",
+    "mxnet_default": "mxnet",
+    "uniform_0.07": "mxnet",
 }
 
 

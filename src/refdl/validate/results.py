@@ -54,7 +54,9 @@ ASSUMED = {
     "split": "the log's own random 80/20 train/test split (refdl's seeds draw theirs at "
     'random too); declare "split": "refdl" for refdl\'s fixed split, "all" if the test rows '
     "were trained on too",
-    "init": "refdl's lecun_normal (the log's framework may draw otherwise)",
+    "init": "refdl's lecun_normal (the log's framework may draw otherwise: PyTorch's and "
+    'Keras\' defaults are "torch" and "keras", MXNet\'s bare net.initialize() is '
+    '"mxnet"; a different start is the likely cause of a failure)',
     "optimizer": "the model's default optimizer",
     "lr": "the model's default learning rate",
     "momentum": "0.9",
