@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as e:
         where = f"; continue from {e.checkpoint} with --resume" if e.checkpoint else ""
-        say(f"{PROG}: interrupted by {signal.Signals(e.signum).name}{where}")  # (one per run)
+        say(f"{PROG}: interrupted by {signal.Signals(e.signum).name}{where}", e.signum)
         return signal_exit_status(e.signum)
     if not summary:  # a rank other than 0 under mpirun: rank 0 reports
         return 0

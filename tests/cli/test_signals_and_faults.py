@@ -189,6 +189,28 @@ def test_a_signal_at_any_moment_under_launch_is_one_line(tmp_path, sig, after):
         assert "continue from " in lines[0], lines[0]
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_ctrl_c_at_a_terminal_reaches_only_the_launcher(tmp_path):
+    """A terminal sends Ctrl-C to its whole foreground group: mpirun, in that group, would
+    answer SIGINT by killing the ranks within half a second (review of 84a7e61). It runs
+    in a group of its own, so the launcher's relay stops the run after a step."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "refdl.launch", "-n", "2", "train", "--strategy", "data", *MLP,
+         "--steps", "100000", "--checkpoint-every", "100000", "--out", str(out)],
+        cwd=ROOT, env=processes.mpirun_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_for_rows(out / "metrics.jsonl", 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130 and len(lines) == 1, err[-3000:]
+    named = lines[0].split("continue from ", 1)[1].split(" with --resume")[0]
+    assert Path(named).is_dir(), lines[0]
+
+
 def test_bad_train_flags_under_launch_are_one_line_before_any_rank(tmp_path):
     """Issue 54: ``refdl launch -n 3 train --ps-mode asink`` printed the error once per
     rank and mpirun's banner; the launcher now checks the flags once and starts nothing."""

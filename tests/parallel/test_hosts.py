@@ -421,6 +421,7 @@ def test_the_launcher_reads_rank_0s_record_then_its_early_word_then_the_others(
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # 75 s on 2 cores; slow since 2026-11-27, when the default run took 15:25
 def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts):
     """Issue 53's acceptance: ``refdl launch --elastic`` across both hosts, refdl-h2 killed
     (SIGKILL to all its processes) once step 20 is checkpointed. The launcher restarts the

@@ -231,6 +231,7 @@ def mpirun_env() -> dict[str, str]:
     and ``MALLOC_TUNABLES`` (mpirun passes the environment on to local ranks)."""
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
+    env.pop(liveness.RECORD_VAR, None)  # an outer launcher's: launch() sets its own
     flags = env.get("XLA_FLAGS", "").split()
     env["XLA_FLAGS"] = " ".join(
         f for f in flags if not f.startswith("--xla_force_host_platform_device_count")
@@ -239,17 +240,21 @@ def mpirun_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
-    """File descriptor 2 to /dev/null for a while (what C++ logs there cannot be caught in
-    Python); a failure still raises, with its message."""
+def _without_line(words: str):
+    """What C++ writes to file descriptor 2 meanwhile (Python cannot catch it), passed on
+    afterwards without the lines holding ``words``."""
     saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with tempfile.TemporaryFile() as held:
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [ln for ln in held.read().splitlines(keepends=True) if words.encode() not in ln]
+            with contextlib.suppress(OSError):
+                os.write(2, b"".join(kept))
 
 
 def init_spmd(timeout_s: float = 120.0) -> None:
@@ -282,7 +287,7 @@ def init_spmd(timeout_s: float = 120.0) -> None:
     # when that came first rank 0 never said which host was lost (3 of ~12 CI runs, and
     # about 1 in 3 here on 2026-11-27). The heartbeats (liveness) end the ranks instead.
     jax.config.update("jax_enable_recoverability", True)
-    with _quiet_stderr():  # its one warning (the recoverable mode is "experimental")
+    with _without_line("Using experimental recoverable task feature"):  # its one warning
         jax.distributed.initialize(
             address,
             num_processes=size,
@@ -465,16 +470,18 @@ class _Relay:
     still starting read at their first step (``Stopper.poll``); after the run, one line."""
 
     RELAY: ClassVar[dict[int, int]] = {signal.SIGINT: signal.SIGUSR1,
-                                       signal.SIGTERM: signal.SIGUSR2}  # fmt: skip
+                                       signal.SIGTERM: signal.SIGUSR2,
+                                       signal.SIGUSR1: signal.SIGUSR1,
+                                       signal.SIGUSR2: signal.SIGUSR2}  # fmt: skip
 
     def __init__(self, path: Path) -> None:
         self.path, self.proc, self.signum = path, None, None
 
     def handle(self, signum: int, _frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
+        if self.signum is None:  # (SIGUSR1/SIGUSR2 stand for SIGINT/SIGTERM, as for ranks)
+            self.signum = int(STOPPER.MEANS.get(signum, signum))
             with contextlib.suppress(OSError):
-                self.path.write_text(f"{int(signum)}\n")
+                self.path.write_text(f"{self.signum}\n")
         self.relay(signum)
 
     def relay(self, signum: int) -> None:
@@ -482,18 +489,22 @@ class _Relay:
             with contextlib.suppress(OSError):
                 self.proc.send_signal(self.RELAY[signum])
 
-    def report(self, scratch: Path, status: int) -> int:
-        """The run's one line (rank 0's, else the lowest rank's, else the launcher's own)
-        and ``128 + signal``; a run that completed before the signal took effect, 0."""
+    def report(self, scratch: Path, status: int) -> int | None:
+        """After mpirun: the run's one line (rank 0's, else the lowest rank's, else the
+        launcher's own) and ``128 + signal`` when a signal stopped it - the launcher's, or
+        one the ranks got another way (their ``said`` files); None when none did, or when
+        the run completed before the signal took effect."""
         said = sorted(scratch.glob("said.*"), key=lambda p: int(p.suffix[1:] or 0))
-        name = signal.Signals(self.signum).name
-        if not said and status == 0 and (scratch / "rank0.ended").exists():
-            return 0  # the signal came as the run ended: it is whole
-        line = (said[0].read_text(errors="replace").strip() if said else
-                f"refdl.launch: interrupted by {name} before the ranks began training; "
-                "nothing to resume")  # fmt: skip
+        words = said[0].read_text(errors="replace").split("\n", 1) if said else None
+        signum = self.signum if words is None else int(words[0]) if words[0].isdigit() else 2
+        if signum is None or (not said and status == 0 and (scratch / "rank0.ended").exists()):
+            return None
+        name = signal.Signals(signum).name
+        line = (words[1].strip() if words else
+                f"refdl.launch: interrupted by {name} while the ranks were starting; no step "
+                "was done in this launch")  # fmt: skip
         print(line, file=sys.stderr, flush=True)
-        return 128 + int(self.signum)
+        return 128 + signum
 
 
 def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
@@ -517,7 +528,10 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         subreaper = _become_subreaper()  # ranks mpirun leaves behind become our children
         stop = _Relay(scratch / "stop")
         old = {s: signal.signal(s, stop.handle) for s in stop.RELAY}  # before mpirun starts
-        proc = stop.proc = subprocess.Popen(cmd, env=env)
+        # its own process group: a Ctrl-C at the terminal reaches only this process, which
+        # relays it (mpirun's own answer to SIGINT kills the ranks within half a second)
+        proc = stop.proc = subprocess.Popen(cmd, env=env, process_group=0,
+                                            stdin=subprocess.DEVNULL)  # fmt: skip
         if stop.signum is not None:  # a signal while mpirun was starting
             stop.relay(stop.signum)
         status, noticed = None, None
@@ -542,9 +556,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
             if say_lost:  # (an elastic launch says what it does about it instead)
                 print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
-        if stop.signum is not None:
-            return stop.report(scratch, status)
-        return status
+        stopped = stop.report(scratch, status)
+        return status if stopped is None else stopped
     finally:
         for s, h in old.items():
             signal.signal(s, h)

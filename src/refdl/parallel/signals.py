@@ -86,7 +86,7 @@ class Stopper:
         signum = int(self.MEANS.get(signum, signum))
         if not self.armed and self.exit_before_training:
             name = signal.Signals(signum).name
-            say(f"{self.exit_before_training}: interrupted by {name} before training began")
+            say(f"{self.exit_before_training}: interrupted by {name} before training began", signum)
             for close in self.before_exit:  # (the heartbeats' goodbye: no rank is "lost")
                 with contextlib.suppress(Exception):
                     close()
@@ -119,7 +119,7 @@ def signal_exit_status(signum: int) -> int:
     return 0 if launch_file("stop") else 128 + int(signum)
 
 
-def say(line: str) -> None:
+def say(line: str, signum: int) -> None:
     """A rank's last line to the user. Under ``refdl launch`` it is left for the launcher,
     which prints one line per run (mpirun drops what ranks print as it ends them, and
     every rank would print its own); elsewhere it goes to stderr."""
@@ -129,7 +129,7 @@ def say(line: str) -> None:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(line + "\n")
+                f.write(f"{int(signum)}\n{line}\n")  # the launcher's exit status, then words
             return
         except OSError:
             pass  # the launcher's folder is gone: stderr is all there is

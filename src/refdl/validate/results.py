@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -315,12 +316,23 @@ def results_report(args: Request) -> dict[str, Any]:
             f"of {steps:,} steps, more than the {RERUN_STEPS:,} refdl reruns; compare the "
             f"first N steps with --set steps=N"
         )
-    rows = [r for r in rows if int(r["step"]) < steps]  # (--set steps=N compares the first N)
-    if config.get("final_params"):  # a FIFO or a folder is refused now, not after the rerun
-        check_regular(_params_path(args.results, config["final_params"]),
-                      f"--results {args.results}: final_params", PARAMS_LIMIT)  # fmt: skip
+    logged = max(int(r["step"]) for r in rows) + 1
+    cut = steps < logged  # --set steps=N: the first N steps only
+    rows = [r for r in rows if int(r["step"]) < steps]
+    if cut:  # what the log says of its end belongs to its own steps, not to these
+        config = {k: v for k, v in config.items()
+                  if k not in ("final_test_accuracy", "final_params")}  # fmt: skip
     assumptions, warnings = declared(config)
+    if cut:
+        warnings.append(f"compared the first {steps} of the log's {logged} steps: its final "
+                        "accuracy and parameters are not compared")  # fmt: skip
     comparison, why = _choose(config, steps)
+    params = (
+        _params_path(args.results, config["final_params"]) if config.get("final_params") else None
+    )
+    if params is not None and (comparison == "exact" or os.path.lexists(params)):
+        # read only by an exact comparison; a FIFO or a folder is refused whenever named
+        check_regular(params, f"--results {args.results}: final_params", PARAMS_LIMIT)
     theirs = {int(r["step"]): float(r["loss"]) for r in rows}
     accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     final_acc = config.get("final_test_accuracy", accs[-1] if accs else None)
