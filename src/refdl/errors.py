@@ -48,6 +48,11 @@ class Interrupted(Exception):
         self.signum, self.checkpoint = signum, checkpoint
 
 
+class ValidationFailed(RuntimeError):
+    """Another framework's run, which refdl validate started, failed: the message says how
+    (one line; exit status 1)."""
+
+
 class WriteError(RuntimeError):
     """A run's file could not be written (disk full, unwritable); the message names the
     last good checkpoint. The CLI prints it as one line and exits 1."""

@@ -369,3 +369,19 @@ def test_bench_compare_times_refdl_as_the_loop_waits():
     bad = run_module("refdl.bench", "compare", "--strategy", "single", "--devices", "1",
                      "--sync-every", "0")  # fmt: skip
     assert bad.returncode == 2 and "--sync-every" in bad.stderr
+
+
+def test_a_logs_own_mistakes_are_answered_before_jax_loads(tmp_path):
+    """Issue 54: every bad log of the reliability harness must get its line within a
+    second; refdl validate loaded JAX, torch and the comparisons first (4-5 s here). The
+    log's own checks now come before (0.1-0.6 s on 2026-11-27)."""
+    far = tmp_path / "far.jsonl"
+    far.write_text('{"config": {"model": "mlp"}}\n{"step": 0, "loss": 2.3}\n'
+                   '{"step": 999999999, "loss": 2.3}\n')  # fmt: skip
+    code = ("import sys\nfrom refdl.validate.__main__ import main\n"
+            f"rc = [main(['--results', p]) for p in ({str(far)!r}, 'missing.jsonl')]\n"
+            "print(rc, 'jax' in sys.modules, 'torch' in sys.modules)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.stdout.split() == ["[2,", "2]", "False", "False"], proc.stdout + proc.stderr
+    assert "more than the 100,000 refdl reruns" in proc.stderr

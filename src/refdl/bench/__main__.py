@@ -14,18 +14,23 @@ its threshold; 2 bad input.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
-from refdl.bench import compare, microbatch, op_profile, predict_vs_measure, published, recipes
 from refdl.cli import Parser
 from refdl.errors import UsageError
 
 COMMANDS = ("predict-vs-measure", "op-profile", "run", "compare", "published", "microbatch")
 
 
+def _command(name: str):
+    """A command's module, imported only when it runs (each loads JAX and more)."""
+    return importlib.import_module(f"refdl.bench.{name}")
+
+
 def _simulated_devices() -> None:
-    predict_vs_measure.configure()  # before JAX starts its backend
+    _command("predict_vs_measure").configure()  # before JAX starts its backend
 
 
 def run_main(argv: list[str]) -> int:
@@ -37,6 +42,7 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--out", help="run directory (one recipe) for the run's files")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    recipes = _command("recipes")
     try:
         overrides = {}
         for pair in args.set:
@@ -84,19 +90,12 @@ def _main(argv: list[str] | None) -> int:
     from refdl.parallel.processes import keep_freed_memory
 
     keep_freed_memory()  # as refdl.train: the steps timed here are the steps it runs
-    if argv[0] == "predict-vs-measure":
-        _simulated_devices()
-        return predict_vs_measure.main(argv[1:])
-    if argv[0] == "op-profile":
-        _simulated_devices()  # as predict-vs-measure and the calibration run
-        return op_profile.main(argv[1:])
+    if argv[0] in ("predict-vs-measure", "op-profile"):
+        _simulated_devices()  # (op-profile: as predict-vs-measure and the calibration run)
     if argv[0] == "run":
         return run_main(argv[1:])
-    if argv[0] == "published":
-        return published.main(argv[1:])
-    if argv[0] == "microbatch":
-        return microbatch.main(argv[1:])
-    return compare.main(argv[1:])  # simulates as many devices as its --devices asks
+    # compare simulates as many devices as its --devices asks
+    return _command(argv[0].replace("-", "_")).main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -52,22 +52,13 @@ from refdl.config.flags import add_run_arguments
 from refdl.config.paths import writable_folder
 from refdl.config.spec import command_line
 from refdl.config.values import Float, Int, Optional
-from refdl.errors import UsageError
+from refdl.errors import UsageError, ValidationFailed
 from refdl.parallel.processes import simulate_devices
-from refdl.strategies import traits_of
-from refdl.validate import parity
-from refdl.validate.asynchronous import print_async, validate_async
-from refdl.validate.exact import (
-    FIRST_STEP_RTOL,
-    FP64_RTOL,
-    SPEC_OPTIONS,
-    ValidationFailed,
-    print_report,
-    validate,
-)
-from refdl.validate.export import export_start
-from refdl.validate.request import Request
-from refdl.validate.results import results_report, summary_line, write_report
+from refdl.validate.request import SPEC_OPTIONS, Request
+from refdl.validate.tolerances import FIRST_STEP_RTOL, FP64_RTOL
+
+# Only light modules above: the options and a log's own checks answer before JAX loads
+# (about 1 s; the comparisons' modules, torch's log readers included, 4-5 s in all).
 
 PROG = "refdl.validate"
 # Steps of an asynchronous comparison by default: at 20 steps (40 updates) LeNet-5's test
@@ -188,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def by_outcome(args: argparse.Namespace) -> bool:
     """Whether the comparison is by outcome: an asynchronous parameter server."""
+    from refdl.strategies import traits_of
+
     traits = traits_of(args.strategy)
     return bool(traits.synchronous_modes) and not traits.synchronous_with(args.ps_mode)
 
@@ -211,11 +204,14 @@ ARG_VALUES = {
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Every option against its declared value; an unwritable ``--report`` before any run."""
+    """Every option against its declared value; an unwritable ``--report`` before any run
+    (light: ``--steps`` may still be unset, its default depends on the strategy)."""
     for key, kind in ARG_VALUES.items():
-        if problem := kind.problem(getattr(args, key)):
+        if (key != "steps" or args.steps is not None) and (
+            problem := kind.problem(getattr(args, key))
+        ):
             raise UsageError(f"--{key.replace('_', '-')} must be {problem}")
-    if args.precision == "fp64" and (args.framework != "torch" or args.results or by_outcome(args)):
+    if args.precision == "fp64" and (args.framework != "torch" or args.results):
         raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
                          "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
     for key in ("results", "report", "export_start", "seed_cache", "config", "hw"):
@@ -235,6 +231,8 @@ def _parity(args: argparse.Namespace) -> int:
     """``--results TEST --control CONTROL``: the verdict, its report; 0 passed, 1 departed."""
     if not args.results:
         raise UsageError("--control is the control of --results TEST; add --results")
+    from refdl.validate import parity
+
     r = parity.parity_report(args.results, args.control, args.scalars, args.config, args.set)
     if args.report:
         try:
@@ -259,11 +257,24 @@ def _main(argv: list[str] | None) -> int:
     devices = args.devices if args.devices and 1 <= args.devices <= 8 else 2
     simulate_devices(max(devices, 8))  # before JAX starts its backend
 
-    if args.steps is None:
-        args.steps = ASYNC_STEPS if by_outcome(args) else 20
     try:
         check_args(args)
+        checked = None
+        if args.results and not args.control:  # the log's own checks, before JAX loads
+            from refdl.validate.logs import checked_log
+
+            checked = checked_log(args.results, args.config, args.set, args.scalars)
+        if args.steps is None:
+            args.steps = ASYNC_STEPS if by_outcome(args) else 20
+        if args.precision == "fp64" and by_outcome(args):
+            raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
+                             "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
         request = Request.of(vars(args))  # the library's typed view of the flags
+        from refdl.validate.asynchronous import print_async, validate_async
+        from refdl.validate.exact import print_report, validate
+        from refdl.validate.export import export_start
+        from refdl.validate.results import results_report, summary_line, write_report
+
         if args.export_start:
             config = {"model": args.model, "steps": args.steps, "batch_size": args.batch_size,
                       "seed": args.seed, "optimizer": args.optimizer, "lr": args.lr,
@@ -276,7 +287,7 @@ def _main(argv: list[str] | None) -> int:
         if args.control:
             return _parity(args)
         if args.results:
-            r = results_report(request)
+            r = results_report(request, checked)
             if args.report:
                 try:
                     write_report(r, Path(args.report))

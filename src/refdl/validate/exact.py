@@ -26,12 +26,18 @@ from refdl.config.spec import RunSpec
 from refdl.core import precision
 from refdl.core.compare import compare
 from refdl.core.optim import iterated_by, muon_paths, newton_schulz_bf16
-from refdl.errors import UsageError
+from refdl.errors import UsageError, ValidationFailed
 from refdl.progress import phase
 from refdl.run.build import build
 from refdl.run.trajectory import loss_value, trajectory
 from refdl.strategies import STRATEGIES, traits_of
-from refdl.validate.request import Request
+from refdl.validate.request import SPEC_OPTIONS, Request  # noqa: F401 (re-exported)
+from refdl.validate.tolerances import (
+    FIRST_STEP_RTOL,
+    FP64_RTOL,
+    LOSS_RTOL,
+    PARAM_RTOL,
+)
 
 # What each framework's adapter covers: the refdl strategies it runs its own way (its
 # twins) and the models. Any other strategy that declares itself synchronous is compared
@@ -48,25 +54,6 @@ def twin_of(fw: str, strategy: str) -> str:
     return strategy if strategy in COVERS[fw][0] else "single"
 
 
-# fp32 tolerances (docs/validation.md). Two tight checks hold for
-# every model: the first step's loss (the forward pass) and the parameters after the
-# first update (backward pass and optimizer) agree to FIRST_STEP_RTOL. Over N steps,
-# rounding differences grow with the model's sensitivity, so the trajectory's
-# tolerances (parameters' relative L2, per-step loss) are per model, set above the
-# differences measured over 20 steps: mlp/lenet5 ~5e-8; transformer (Adam) 2.4e-6;
-# lstm_lm (Adam) 1.3e-4 (the
-# same distance refdl keeps from a float64 run); resnet 2e-2 (ResNet-20 with BatchNorm
-# at lr 0.05 amplifies a 1e-7 difference ~1.8x per step: float32 PyTorch and refdl
-# each drift from float64 PyTorch by 1e-3 and 2e-2 by step 20).
-FIRST_STEP_RTOL = 1e-5
-PARAM_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 1e-1,
-              "moe": 1e-4}  # fmt: skip
-LOSS_RTOL = {"mlp": 1e-4, "lenet5": 1e-4, "lstm_lm": 1e-3, "transformer": 1e-4, "resnet": 0.25,
-             "moe": 1e-4}  # fmt: skip
-# fp64 (``--precision fp64``): both sides in float64, so rounding moves a result by ~1e-16
-# a step and 20 steps stay below 1e-11 for every model (docs/validation.md's table); one
-# tolerance for all, 1e-9, still 10^6 below the smallest real bug the plants make.
-FP64_RTOL = 1e-9
 # --optimizer muon against torch.optim.Muon as shipped (its Newton-Schulz in bf16): refdl
 # runs again with the iteration rounded as PyTorch's (newton_schulz_bf16), and each
 # trajectory check's tolerance becomes its factor times the distance that rounding alone
@@ -76,8 +63,6 @@ FP64_RTOL = 1e-9
 # each factor about 1.4x that; the other half of the cases, held out, measures the rule.
 MUON_BF16_FACTOR = {"first_update_param_rel_l2": 2.0, "param_rel_l2": 3.0, "loss_rel": 5.0}
 MUON_BF16_CHECKS = tuple(MUON_BF16_FACTOR)
-# The strategies' options refdl validate takes as refdl train does (the same RunSpec fields).
-SPEC_OPTIONS = ("zero", "mesh", "sequence_parallel", "chunks", "cp", "topology")
 
 
 def compare_params(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict:
@@ -200,10 +185,6 @@ def framework_run(fw: str, ref: Reference, job: dict, perturb: float, timeout: f
     except process.FrameworkFailed as e:
         raise ValidationFailed(str(e)) from None
     return Other(result["losses"], params, first, result.get("step_times", []), result["impl"])
-
-
-class ValidationFailed(RuntimeError):
-    """The other framework's run failed (one line; exit status 1)."""
 
 
 def torch_run(

@@ -21,16 +21,16 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from refdl.config.choices import LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES
-from refdl.config.files import read_text
+from refdl.config.files import check_regular, read_text
 from refdl.config.values import Choice, Flag, Float, Int, Text
 from refdl.errors import UsageError
-from refdl.validate.tfevents import event_files, read_event_scalars
 
 MAX_BYTES = 256 << 20
 # What a row may hold, declared with its value type (refdl.config.values); the loss is
@@ -222,6 +222,8 @@ def _csv(text: str, names: dict, notes: list[str]) -> tuple[list[dict], dict]:
 
 
 def _events(path: Path, names: dict, notes: list[str]) -> list[dict]:
+    from refdl.validate.tfevents import event_files, read_event_scalars  # (torch comes along)
+
     scalars, dropped = read_event_scalars(path)
     tags = {
         key: tag
@@ -394,3 +396,33 @@ def _checked_config(config: dict[str, Any], path: str, rerun: bool = True) -> di
             "(in the log, --config FILE.toml or --set model=NAME)"
         )
     return config
+
+
+RERUN_STEPS = 100_000  # the most steps a log's rerun takes (refdl validate's own --steps bound)
+PARAMS_LIMIT = 16 << 30  # the largest final_params npz read
+
+
+def params_path(log: str, name: str) -> Path:
+    """Where a log's ``final_params`` is: relative to the log, unless absolute."""
+    return Path(name) if Path(name).is_absolute() else Path(log).parent / name
+
+
+def checked_log(path: str, config_file: str | None = None, sets: list[str] | None = None,
+                scalars: str | None = None) -> tuple[Log, int]:  # fmt: skip
+    """A log for ``--results`` with its checks that need no rerun (before JAX loads): the
+    steps to rerun, at most ``RERUN_STEPS``; a ``final_params`` that is there must be a
+    regular file (a FIFO would hang its reader)."""
+    log = read_log(path, config_file, sets, scalars)
+    config = log.config
+    steps = int(config.get("steps", max(int(r["step"]) for r in log.rows) + 1))
+    if steps > RERUN_STEPS:  # refused at once, not found out after hours of reruns
+        whose = "configuration's steps" if "steps" in config else "last logged step"
+        raise UsageError(
+            f"--results {path}: its {whose} ask{'s' * (whose[-1] != 's')} for a rerun "
+            f"of {steps:,} steps, more than the {RERUN_STEPS:,} refdl reruns; compare the "
+            f"first N steps with --set steps=N"
+        )
+    if config.get("final_params") and os.path.lexists(params_path(path, config["final_params"])):
+        check_regular(params_path(path, config["final_params"]),
+                      f"--results {path}: final_params", PARAMS_LIMIT)  # fmt: skip
+    return log, steps

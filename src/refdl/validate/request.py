@@ -14,6 +14,9 @@ from typing import Any
 from refdl.config.mesh import MeshLayout
 from refdl.config.values import Optional, Parsed, parse_typed
 
+# The strategies' options refdl validate takes as refdl train does (the same RunSpec fields).
+SPEC_OPTIONS = ("zero", "mesh", "sequence_parallel", "chunks", "cp", "topology")
+
 
 @dataclasses.dataclass(frozen=True)
 class Request:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -42,12 +41,10 @@ from refdl.strategies import traits_of
 from refdl.validate import statistical
 from refdl.validate.exact import LOSS_RTOL, PARAM_RTOL, compare_params, reference_run
 from refdl.validate.export import start_of, start_spec
-from refdl.validate.logs import CONFIG_KEYS, INITS, read_log
+from refdl.validate.logs import CONFIG_KEYS, INITS, PARAMS_LIMIT, checked_log, params_path
 from refdl.validate.request import Request
 
 RATES = Path(__file__).with_name("rates.json")  # written by scripts/bench_validate.py
-RERUN_STEPS = 100_000  # the most steps a log's rerun takes (refdl validate's own --steps bound)
-PARAMS_LIMIT = 16 << 30  # the largest final_params npz read
 # Keys that change results: when a log leaves one out, the report names what refdl assumed.
 ASSUMED = {
     "dataset": "the model's default data set",
@@ -298,24 +295,17 @@ def measured_rates() -> dict[str, Any]:
     return rates if rates.get("rule_fingerprint") == statistical.rule_fingerprint() else {}
 
 
-def results_report(args: Request) -> dict[str, Any]:
+def results_report(args: Request, checked: tuple[Any, int] | None = None) -> dict[str, Any]:
     """Compare a framework's log with refdl: exactly from an exported start, else over
-    seeds (the module docstring); throughput in context; assumptions and warnings."""
-    log = read_log(
+    seeds (the module docstring); throughput in context; assumptions and warnings.
+    ``checked``: what ``checked_log`` already returned for it."""
+    log, steps = checked or checked_log(
         args.results,
         getattr(args, "config", None),
         getattr(args, "set", None),
         getattr(args, "scalars", None),
     )
     rows, config = log.rows, log.config
-    steps = int(config.get("steps", max(int(r["step"]) for r in rows) + 1))
-    if steps > RERUN_STEPS:  # refused at once, not found out after hours of reruns
-        whose = "configuration's steps" if "steps" in config else "last logged step"
-        raise UsageError(
-            f"--results {args.results}: its {whose} ask{'s' * (whose[-1] != 's')} for a rerun "
-            f"of {steps:,} steps, more than the {RERUN_STEPS:,} refdl reruns; compare the "
-            f"first N steps with --set steps=N"
-        )
     logged = max(int(r["step"]) for r in rows) + 1
     cut = steps < logged  # --set steps=N: the first N steps only
     rows = [r for r in rows if int(r["step"]) < steps]
@@ -327,12 +317,9 @@ def results_report(args: Request) -> dict[str, Any]:
         warnings.append(f"compared the first {steps} of the log's {logged} steps: its final "
                         "accuracy and parameters are not compared")  # fmt: skip
     comparison, why = _choose(config, steps)
-    params = (
-        _params_path(args.results, config["final_params"]) if config.get("final_params") else None
-    )
-    if params is not None and (comparison == "exact" or os.path.lexists(params)):
-        # read only by an exact comparison; a FIFO or a folder is refused whenever named
-        check_regular(params, f"--results {args.results}: final_params", PARAMS_LIMIT)
+    if comparison == "exact" and config.get("final_params"):  # (checked_log: if it is there)
+        check_regular(params_path(args.results, config["final_params"]),
+                      f"--results {args.results}: final_params", PARAMS_LIMIT)  # fmt: skip
     theirs = {int(r["step"]): float(r["loss"]) for r in rows}
     accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
     final_acc = config.get("final_test_accuracy", accs[-1] if accs else None)
@@ -423,14 +410,9 @@ def _has_split(spec: RunSpec) -> bool:
     return "split" in DATASETS.get(resolve(spec).dataset).options
 
 
-def _params_path(log: str, name: str) -> Path:
-    """Where a log's ``final_params`` is: relative to the log, unless absolute."""
-    return Path(name) if Path(name).is_absolute() else Path(log).parent / name
-
-
 def _final_params(log: str, name: str) -> dict[str, np.ndarray]:
     """The final weights a log points to (an npz in refdl's layout, relative to the log)."""
-    path = check_regular(_params_path(log, name), f"--results {log}: final_params", PARAMS_LIMIT)
+    path = check_regular(params_path(log, name), f"--results {log}: final_params", PARAMS_LIMIT)
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
