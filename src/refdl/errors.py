@@ -25,10 +25,15 @@ def together(*checks: Callable[[], object]) -> None:
         except UsageError as e:
             if str(e) not in found:
                 found.append(str(e))
-    if len(found) == 1:
-        raise UsageError(found[0])
     if found:
-        raise UsageError(f"{len(found)} problems: " + "; ".join(found))
+        raise problems(found)
+
+
+def problems(found: list[str]) -> UsageError:
+    """One error naming every problem found (``2 problems: first; second``)."""
+    return UsageError(
+        found[0] if len(found) == 1 else f"{len(found)} problems: " + "; ".join(found)
+    )
 
 
 class DataError(UsageError):

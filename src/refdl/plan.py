@@ -24,7 +24,6 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from refdl.cli import Parser
@@ -107,14 +106,14 @@ def show(record: dict[str, Any]) -> None:
 
 def draw(record: dict[str, Any], path: str) -> None:
     """The top configurations' step time split into its terms, with the 80 % interval."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from refdl.plots import save
 
     found = record["configurations"]
     names = sorted({k for c in found for k in c["terms_s"]})
-    fig, ax = plt.subplots(figsize=(11, 0.9 * len(found) + 1.5))
+    fig = Figure(figsize=(11, 0.9 * len(found) + 1.5))
+    ax = fig.subplots()
     left = [0.0] * len(found)
     for k in names:
         widths = [c["terms_s"].get(k, 0.0) for c in found]
@@ -131,9 +130,7 @@ def draw(record: dict[str, Any], path: str) -> None:
     ax.set_xlabel("seconds per step (terms; line: stated 80 % interval)")
     ax.set_title(f"{record['model']} on {record['devices']} x {record['hw']}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)  # checked writable before the search
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)  # (checked writable before the search)
 
 
 def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:

@@ -21,14 +21,13 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from refdl.cli import Parser
-from refdl.config.paths import writable_file
+from refdl.config.paths import writable_file, write_atomic
 from refdl.config.spec import RunSpec
 from refdl.config.values import memory_size
 from refdl.core.conv import ConvPlan, conv_impl, conv_plan
@@ -209,9 +208,7 @@ def main(argv: list[str]) -> int:
         print(f"refdl bench microbatch: error: {e}", file=sys.stderr)
         return 2
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(r, f, indent=1)
+        write_atomic(args.out, json.dumps(r, indent=1))
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

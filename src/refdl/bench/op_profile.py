@@ -23,13 +23,12 @@ import dataclasses
 import json
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 from refdl import hw
 from refdl.bench.predict_vs_measure import WARMUP, step_times
 from refdl.cli import Parser
-from refdl.config.paths import writable_file
+from refdl.config.paths import writable_file, write_atomic
 from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.hw.calibrate.in_step import traced_ops
@@ -158,6 +157,5 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(result)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(args.out, json.dumps(result, indent=2) + "\n")
     return 0

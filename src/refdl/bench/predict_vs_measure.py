@@ -38,7 +38,7 @@ import numpy as np
 
 from refdl import hw
 from refdl.cli import Parser
-from refdl.config.paths import writable_file
+from refdl.config.paths import writable_file, write_atomic
 from refdl.config.spec import RunSpec
 from refdl.config.values import Int
 from refdl.hw.calibrate.in_step import device_tables, generic_steps
@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drift-corrected: median |error| {drift['all']:.0%}, max {drift['max']:.0%}; "
               f"single/data/model/pipeline: median {core:.0%}")  # fmt: skip
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(args.out, json.dumps(result, indent=2) + "\n")
     return 0
 
 

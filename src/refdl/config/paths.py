@@ -64,8 +64,10 @@ os.umask(_UMASK)  # read once: the process's umask, unchanged
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` through a fresh temporary in the same folder (a name no one
     else could have planted: ``mkstemp`` opens it with ``O_EXCL``), synced, then renamed
-    over ``path`` - which replaces a link there instead of writing through it."""
+    over ``path`` - which replaces a link there instead of writing through it. Missing
+    folders above it are made (an output path may name folders not there yet)."""
     p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would have made it (mkstemp: 0600)

@@ -356,7 +356,7 @@ class RunSpec:
                     for f in dataclasses.fields(self)]  # fmt: skip
         bad = [f"{flag(f.name)} must be {problem}" for f, problem in problems if problem]
         if bad:  # every field's mistake at once
-            raise UsageError(f"{len(bad)} problems: " + "; ".join(bad) if len(bad) > 1 else bad[0])
+            raise problems(bad)
         if self.warmup_steps > self.steps:
             raise UsageError(
                 f"--warmup-steps {self.warmup_steps} is beyond --steps {self.steps}: the "

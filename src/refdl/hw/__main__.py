@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from refdl.cli import Parser
-from refdl.config.paths import writable_file
+from refdl.config.paths import writable_file, write_atomic
 from refdl.errors import UsageError
 from refdl.hw.calibrate import calibrate
 from refdl.hw.profile import dumps, load, parse
@@ -38,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_freed_memory()  # and steps as refdl.train runs them
         profile = parse(calibrate(args.name), "calibration")
         out = Path(args.out or str(resources.files("refdl.hw") / "profiles" / f"{args.name}.toml"))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(dumps(profile))
+        write_atomic(out, dumps(profile))
     except UsageError as e:
         print(f"refdl.hw: error: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from refdl.errors import UsageError
-from refdl.parallel.signals import LAUNCH_RECORD, STOPPER, launch_file
+from refdl.parallel.signals import LAUNCH_RECORD, STOPPER, under_launch
 
 INTERVAL = 1.0  # seconds between heartbeats
 GATHER_S = 0.3  # after a lost rank, how long the others lost with it have to show
@@ -79,7 +79,7 @@ class Monitor:
         """Print the line (mpirun may have gone, taking the pipe behind stderr with it)
         and end the process (its record for the launcher was written already)."""
         try:
-            if not launch_file("stop"):  # under refdl launch, the launcher says it once
+            if not under_launch():  # under refdl launch, the launcher says it once
                 os.write(2, f"{self.prog}: error: rank {self.rank}: {line}\n".encode())
         except OSError:
             pass

@@ -190,10 +190,19 @@ def settle_before_exit(timeout_s: float = 5.0) -> None:
             return
     except UsageError:  # a launcher's environment that is itself the error
         return
+    _meet(timeout_s)
+
+
+def _meet(timeout_s: float) -> bool:
+    """Wait at most ``timeout_s`` until every rank has reached this point (an MPI barrier
+    that gives up: a rank that never comes must not keep the others); whether all came."""
     request = comm().Ibarrier()
     deadline = time.monotonic() + timeout_s
-    while not request.Test() and time.monotonic() < deadline:
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def simulate_devices(n: int | None) -> None:
@@ -308,10 +317,7 @@ def _end_spmd(rank: int, timeout_s: float = 10.0) -> None:
     with contextlib.suppress(Exception):
         if rank != 0:
             jax.distributed.shutdown()
-        request = comm().Ibarrier()
-        deadline = time.monotonic() + timeout_s
-        while not request.Test() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _meet(timeout_s)
         if rank == 0:
             jax.distributed.shutdown()
 
@@ -495,15 +501,16 @@ class _Relay:
         one the ranks got another way (their ``said`` files); None when none did, or when
         the run completed before the signal took effect."""
         said = sorted(scratch.glob("said.*"), key=lambda p: int(p.suffix[1:] or 0))
-        words = said[0].read_text(errors="replace").split("\n", 1) if said else None
-        signum = self.signum if words is None else int(words[0]) if words[0].isdigit() else 2
-        if signum is None or (not said and status == 0 and (scratch / "rank0.ended").exists()):
-            return None
-        name = signal.Signals(signum).name
-        line = (words[1].strip() if words else
-                f"refdl.launch: interrupted by {name} while the ranks were starting; no step "
-                "was done in this launch")  # fmt: skip
-        print(line, file=sys.stderr, flush=True)
+        if said:  # a rank's signal number, then its line (signals.say)
+            number, _, line = said[0].read_text(errors="replace").partition("\n")
+            signum = int(number) if number.isdigit() else int(signal.SIGINT)
+        elif self.signum is None or (status == 0 and (scratch / "rank0.ended").exists()):
+            return None  # no signal, or it came as the run ended whole
+        else:
+            signum = self.signum
+            line = (f"refdl.launch: interrupted by {signal.Signals(signum).name} while the "
+                    "ranks were starting; no step was done in this launch")  # fmt: skip
+        print(line.strip(), file=sys.stderr, flush=True)
         return 128 + signum
 
 

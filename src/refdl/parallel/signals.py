@@ -116,7 +116,12 @@ def signal_exit_status(signum: int) -> int:
     """A rank's exit status after a signal: ``128 + signum``, but 0 under ``refdl launch``,
     whose own status says it (a non-zero rank makes mpirun print a banner and end the
     others at once)."""
-    return 0 if launch_file("stop") else 128 + int(signum)
+    return 0 if under_launch() else 128 + int(signum)
+
+
+def under_launch() -> bool:
+    """Whether ``refdl launch`` started this process (it then says the run's line)."""
+    return launch_file("stop") is not None
 
 
 def say(line: str, signum: int) -> None:
@@ -141,7 +146,7 @@ def _tell_mpiruns_caller(signum: int, run_dir: str | None) -> None:
     """Plain ``mpirun`` answers SIGINT/SIGTERM by ending the ranks within a quarter second
     and drops what they print meanwhile: rank 0 writes its one line straight to the
     stderr of ``mpirun`` itself (its parent process on the launching host)."""
-    if os.environ.get("OMPI_COMM_WORLD_RANK") != "0" or launch_file("stop"):
+    if os.environ.get("OMPI_COMM_WORLD_RANK") != "0" or under_launch():
         return  # (under refdl launch, mpirun's SIGTERM ends a job the launcher explains)
     name = signal.Signals(signum).name
     saved = run_dir and any(p.startswith("step_") for p in _listdir(f"{run_dir}/checkpoints"))

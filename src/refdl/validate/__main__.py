@@ -203,6 +203,11 @@ ARG_VALUES = {
 }
 
 
+def _fp64_only() -> UsageError:
+    return UsageError("--precision fp64 compares refdl with PyTorch step by step "
+                      "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every option against its declared value; an unwritable ``--report`` before any run
     (light: ``--steps`` may still be unset, its default depends on the strategy)."""
@@ -212,8 +217,7 @@ def check_args(args: argparse.Namespace) -> None:
         ):
             raise UsageError(f"--{key.replace('_', '-')} must be {problem}")
     if args.precision == "fp64" and (args.framework != "torch" or args.results):
-        raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
-                         "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
+        raise _fp64_only()
     for key in ("results", "report", "export_start", "seed_cache", "config", "hw"):
         if getattr(args, key) is not None and not str(getattr(args, key)).strip():
             raise UsageError(f"--{key.replace('_', '-')} is empty; give a path or drop it")
@@ -266,9 +270,8 @@ def _main(argv: list[str] | None) -> int:
             checked = checked_log(args.results, args.config, args.set, args.scalars)
         if args.steps is None:
             args.steps = ASYNC_STEPS if by_outcome(args) else 20
-        if args.precision == "fp64" and by_outcome(args):
-            raise UsageError("--precision fp64 compares refdl with PyTorch step by step "
-                             "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
+        if args.precision == "fp64" and by_outcome(args):  # (by outcome: JAX loads to know)
+            raise _fp64_only()
         request = Request.of(vars(args))  # the library's typed view of the flags
         from refdl.validate.asynchronous import print_async, validate_async
         from refdl.validate.exact import print_report, validate
