@@ -47,7 +47,7 @@ from refdl.config.values import (
     Text,
     parse_typed,
 )
-from refdl.errors import UsageError
+from refdl.errors import UsageError, problems
 
 # Options that only say how long and how loudly a run goes: a resumed run may change them.
 # Every other field says how the run was started and must agree with the checkpoint's.
@@ -352,9 +352,9 @@ class RunSpec:
     def validate(self) -> RunSpec:
         """Check every field against its declared value, then the rules that tie fields
         together; return self. Needs neither data nor devices (the constructor calls it)."""
-        problems = [(f, f.metadata["value"].problem(getattr(self, f.name)))
+        found = [(f, f.metadata["value"].problem(getattr(self, f.name)))
                     for f in dataclasses.fields(self)]  # fmt: skip
-        bad = [f"{flag(f.name)} must be {problem}" for f, problem in problems if problem]
+        bad = [f"{flag(f.name)} must be {problem}" for f, problem in found if problem]
         if bad:  # every field's mistake at once
             raise problems(bad)
         if self.warmup_steps > self.steps:
