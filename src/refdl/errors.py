@@ -66,11 +66,14 @@ class WriteError(RuntimeError):
 def exit_status(main: Callable[[], int | None], prog: str) -> int:
     """Run a CLI's ``main`` and flush its output: a write that fails where no command
     handled it (standard output on a full disk, a closed pipe) is one line and exit 1,
-    not a traceback."""
+    not a traceback; so is a ``UsageError`` no command caught (exit 2)."""
     try:
         status = main()
         sys.stdout.flush()
         return int(status or 0)
+    except UsageError as e:  # (a command that did not catch its own: still one line)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `| head` closed the pipe: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

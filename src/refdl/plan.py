@@ -30,9 +30,10 @@ from refdl.cli import Parser
 from refdl.config.paths import writable_file
 from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
-from refdl.perf.planning import plan_configurations
-from refdl.perf.shapes import describe, model_named
-from refdl.strategies import declared_traits
+from refdl.hw import load
+
+# The model zoo, the step model and the strategies (JAX and Flax: about 1 s) are imported
+# after the arguments are checked, where they are used: a mistake answers at once.
 
 PROG = "refdl plan"
 
@@ -150,19 +151,28 @@ def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:  # what needs no model first
+        load(args.hw)
+        if args.plot:
+            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        if problem := Int(min=1, max=1 << 30).problem(args.steps):
+            raise UsageError(f"--steps must be {problem}")
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    from refdl.perf.planning import plan_configurations
+    from refdl.perf.shapes import describe, model_named
+    from refdl.strategies import declared_traits
+
     try:
         args.model, shape = model_named(args.model, args.model_shape, args.model_shape_file,
                                         args.seq_len)  # fmt: skip
-        if args.plot:
-            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         if args.run:
             from refdl.models import MODELS
 
             if args.model not in MODELS.names():
                 raise UsageError(f"--run trains refdl's models ({', '.join(MODELS.names())}); "
                                  f"{args.model} is a shape only")  # fmt: skip
-        if problem := Int(min=1, max=1 << 30).problem(args.steps):
-            raise UsageError(f"--steps must be {problem}")
         precisions = args.precision and tuple(x.strip() for x in args.precision.split(","))
         record, _ = plan_configurations(
             args.hw, args.model, args.devices, args.batch_size, strategies=declared_traits(),

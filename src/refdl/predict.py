@@ -25,14 +25,13 @@ import json
 import sys
 from typing import Any
 
-from refdl import hw, plots
+from refdl import hw
 from refdl.cli import Parser
-from refdl.comm.compress import SPARSE
+from refdl.config.choices import SPARSE_ALGORITHM as SPARSE
 from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
 from refdl.config.values import Float, Int, Ints
 from refdl.errors import UsageError
-from refdl.models import MODELS
 from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
@@ -41,10 +40,9 @@ from refdl.perf.collectives import (
     bandwidths,
     collective_time,
 )
-from refdl.perf.prediction import predict_steps, scope_note
-from refdl.perf.shapes import describe, model_named, with_seq
-from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS
-from refdl.strategies import traits_of
+
+# The models, the step model and the plots (JAX, Flax, matplotlib: about 1.5 s) are
+# imported where they are used, after the arguments are checked: a mistake answers at once.
 
 PROG = "refdl.predict"
 
@@ -177,6 +175,8 @@ def predict_collective(
                 **extra,
             }
         )
+    from refdl.perf.prediction import scope_note
+
     if note := scope_note(profile, workers):
         for r in rows:
             r["note"] = note
@@ -280,9 +280,24 @@ def _boundaries(text: str | None) -> tuple[int, ...] | None:
 
 def _step_main(argv: list[str]) -> int:
     args = _step_parser().parse_args(argv)
-    try:
+    words = OPTIMIZER_WORDS
+    try:  # what needs no model is answered before the step model loads
+        hw.load(args.hw)
         if args.seq_len is not None and (problem := Int(min=1, max=1 << 24).problem(args.seq_len)):
             raise UsageError(f"--seq-len must be {problem}")
+        if args.optimizer not in words:
+            raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
+        if args.plot:
+            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    from refdl import plots
+    from refdl.perf.prediction import predict_steps
+    from refdl.perf.shapes import describe, model_named, with_seq
+    from refdl.strategies import traits_of
+
+    try:
         model, shape = model_named(args.model, args.model_shape, args.model_shape_file,
                                    args.seq_len)  # fmt: skip
         if args.seq_len and shape is None:
@@ -292,11 +307,6 @@ def _step_main(argv: list[str]) -> int:
         if args.strategy is None:  # a mesh of several axes is hybrid's
             args.strategy = "hybrid" if args.mesh else "data"
         workers = _ints(args.workers or _mesh_size(args.mesh) or "1,2,4,8")
-        words = OPTIMIZER_WORDS
-        if args.optimizer not in words:
-            raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
-        if args.plot:
-            writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         traits = traits_of(args.strategy)
         if args.compress and "compress" not in traits.options:
             raise UsageError(f"--compress prices data's compressed exchange and "
@@ -407,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     """``refdl predict [step] ...`` (the default), ``collective``, ``profiles`` or ``models``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "models":
+        from refdl.models import MODELS
+        from refdl.perf.zoo import SHAPE_MODELS, TRANSFORMERS
+
         for name in SHAPE_MODELS.names():
             print(f"{name:16s} {SHAPE_MODELS.get(name).doc} (shape-only)")
         for name in TRANSFORMERS.names():

@@ -95,7 +95,11 @@ def _main(argv: list[str] | None) -> int:
     if argv[0] == "run":
         return run_main(argv[1:])
     # compare simulates as many devices as its --devices asks
-    return _command(argv[0].replace("-", "_")).main(argv[1:])
+    try:
+        return _command(argv[0].replace("-", "_")).main(argv[1:])
+    except UsageError as e:  # (where a command's own main did not catch it)
+        print(f"refdl bench {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

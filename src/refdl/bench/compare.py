@@ -29,20 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-
-from refdl import plots
-from refdl.adapters import torch as adapter
 from refdl.bench.mpi_allreduce import machine_cpu_seconds
 from refdl.cli import Parser
 from refdl.config.paths import writable_folder
-from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
 from refdl.parallel.processes import simulate_devices
 from refdl.progress import phase
-from refdl.run.build import build
-from refdl.run.trajectory import run_steps, trajectory
-from refdl.strategies import traits_of
+
+# JAX, the runs and the PyTorch adapter are imported where they are used: a mistaken flag
+# is answered before they load.
 
 FRAMEWORKS = ("refdl", "torch")
 
@@ -53,6 +48,10 @@ def refdl_step_times(
     """Step times of refdl's ``strategy`` on ``devices`` simulated devices, walked as the
     training loop walks them: the host waits for the devices every ``sync_every`` steps
     (the loop's logged steps) and each step of a window gets the window's mean time."""
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+    from refdl.run.trajectory import run_steps, trajectory
+
     spec = RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
                    batch_size=batch, progress=False)  # fmt: skip
     if sync_every == 1:
@@ -71,6 +70,12 @@ def torch_step_times(
     model: str, strategy: str, devices: int, steps: int, batch: int
 ) -> list[float]:
     """Step times of the same training in PyTorch (``refdl.adapters.torch``)."""
+    import jax
+
+    from refdl.adapters import torch as adapter
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+
     run = build(RunSpec(strategy=strategy, model=model, devices=devices, steps=steps,
                         batch_size=batch, progress=False))  # fmt: skip
     s = run.spec
@@ -235,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--devices: counts between 1 and 8")
         if args.strategy not in TIMED:
             raise UsageError(f"--strategy: {', '.join(TIMED)} (the PyTorch twins it times)")
+        from refdl.strategies import traits_of
+
         if not traits_of(args.strategy).axes and devices != [1]:
             raise UsageError(f"--strategy {args.strategy} runs on 1 device: --devices 1")
         if args.sync_every < 1:
@@ -242,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup >= args.steps:
             raise UsageError("--warmup must be smaller than --steps")
         if "torch" in frameworks:
+            from refdl.adapters import torch as adapter
+
             adapter.require()
         # Only as many simulated devices as asked: a CPU split into 8 devices runs a
         # one-device step ~30 % slower than the whole CPU (2 cores, docs/speed.md).
@@ -270,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             span = f"  ({span[0]:.2f}-{span[1]:.2f} over the rounds)" if span else ""
             print(f"{r['devices']:7d}{cells} {ratio}{span}")
     if args.out:
+        from refdl import plots
+
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"compare_{args.model}_{args.strategy}"

@@ -21,24 +21,25 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
-
-import jax
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from refdl.cli import Parser
 from refdl.config.paths import writable_file, write_atomic
-from refdl.config.spec import RunSpec
 from refdl.config.values import memory_size
-from refdl.core.conv import ConvPlan, conv_impl, conv_plan
 from refdl.errors import UsageError
-from refdl.perf import microbatch as mb
-from refdl.run.build import build
+
+if TYPE_CHECKING:
+    from refdl.core.conv import ConvPlan
+
+# JAX and the runs are imported where they are used: a mistaken flag is answered before
+# they load.
 
 IMPLS = ("xla", "im2col")
 
 
 def _times(fn: Any, *args: Any, repeats: int) -> list[float]:
+    import jax
+
     jax.block_until_ready(fn(*args))  # compile and warm up
     times = []
     for _ in range(repeats):
@@ -54,6 +55,11 @@ def _median_time(fn: Any, *args: Any, repeats: int) -> float:
 
 def conv_time(sig: tuple, impl: str, b: int, repeats: int) -> float:
     """Seconds of one micro-batch of ``b``: the forward product and both backward ones."""
+    import jax
+    import numpy as np
+
+    from refdl.core.conv import conv_impl
+
     (_, h, w, c), kshape, strides, padding = sig
     x = jax.device_put(np.random.default_rng(0).normal(size=(b, h, w, c)).astype(np.float32))
     k = jax.device_put(np.random.default_rng(1).normal(size=kshape).astype(np.float32))
@@ -79,6 +85,10 @@ def _grads(run: Any) -> Any:
 
 def conv_calls(run: Any, args: tuple) -> list[tuple]:
     """Every convolution of the gradient step, in order (traced, not run)."""
+    import jax
+
+    from refdl.core.conv import ConvPlan, conv_plan
+
     recorder = ConvPlan()
     with conv_plan(recorder):
         jax.eval_shape(_grads(run), *args)
@@ -88,12 +98,19 @@ def conv_calls(run: Any, args: tuple) -> list[tuple]:
 def grad_step(run: Any, args: tuple, plan: ConvPlan | None, precision: str | None = None) -> Any:
     """The model's gradient step for ``args``, compiled with every convolution by ``plan``
     (and fp32 products at ``precision``: None is JAX's default, TF32 on a recent GPU)."""
+    import jax
+
+    from refdl.core.conv import ConvPlan, conv_plan
+
     with conv_plan(plan or ConvPlan()), jax.default_matmul_precision(precision):
         return jax.jit(_grads(run)).lower(*args).compile()
 
 
 def largest_difference(g: Any, reference: Any) -> float:
     """Over the arrays: the largest difference over the reference array's largest entry."""
+    import jax
+    import numpy as np
+
     return max(
         float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(np.max(np.abs(b)), 1e-30))
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(reference), strict=True)
@@ -104,6 +121,14 @@ def run_bench(model: str, batch: int, limit: float, policy: str, mode: str,
               repeats: int = 5) -> dict[str, Any]:  # fmt: skip
     """The plan, its predicted and measured step against undivided, and the gradients'
     largest relative difference."""
+    import jax
+    import numpy as np
+
+    from refdl.config.spec import RunSpec
+    from refdl.core.conv import ConvPlan
+    from refdl.perf import microbatch as mb
+    from refdl.run.build import build
+
     if mode not in ("layer", "shared"):
         raise UsageError(f"--mode {mode!r}: choose layer or shared")
     run = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))

@@ -29,14 +29,9 @@ from refdl import hw
 from refdl.bench.predict_vs_measure import WARMUP, step_times
 from refdl.cli import Parser
 from refdl.config.paths import writable_file, write_atomic
-from refdl.config.spec import RunSpec
 from refdl.errors import UsageError
-from refdl.hw.calibrate.in_step import traced_ops
 from refdl.perf import compute_time
-from refdl.perf.costs import host_work
-from refdl.perf.model_cost import model_cost
 from refdl.perf.ops import InStep, OpWork, op_time, parse_hlo
-from refdl.run.build import build
 
 
 def library_ops(hlo_text: str) -> set[str]:
@@ -55,6 +50,12 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     if steps < 1:
         raise UsageError(f"--steps {steps}: give at least 1 step to profile")
     prof = hw.load(profile)
+    from refdl.config.spec import RunSpec  # (JAX: after a mistaken flag is answered)
+    from refdl.hw.calibrate.in_step import traced_ops
+    from refdl.perf.costs import host_work
+    from refdl.perf.model_cost import model_cost
+    from refdl.run.build import build
+
     run_ = build(RunSpec(strategy="single", model=model, batch_size=batch, progress=False))
     state = run_.strategy.init_state(0)
     text = run_.strategy.compiled_steps()[0].as_text()

@@ -33,22 +33,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
-
 from refdl import hw
 from refdl.cli import Parser
 from refdl.config.paths import writable_file, write_atomic
-from refdl.config.spec import RunSpec
 from refdl.config.values import Int
-from refdl.hw.calibrate.in_step import device_tables, generic_steps
-from refdl.hw.calibrate.links import fit_alpha_beta, simulated_devices_allreduce
 from refdl.parallel.processes import mpirun_command, mpirun_env, simulate_devices
 from refdl.perf import PredictOptions
-from refdl.perf.prediction import predict_steps
-from refdl.run.build import build
-from refdl.run.trajectory import trajectory
-from refdl.strategies import traits_of
+
+# JAX and what runs on it are imported where they are used: a mistaken flag is answered
+# before they load (about 1.5 s).
 
 SPMD = (
     ("single", 1, {}),
@@ -72,6 +65,8 @@ def step_times(run: Any, state: Any, start: int, steps: int) -> tuple[Any, list[
     """Steps ``start .. start + steps - 1`` of ``run`` (the trajectory), each timed alone:
     the host batch built untimed; ``device_put``, the step and the wait timed. The new
     state and the wall times."""
+    from refdl.run.trajectory import trajectory
+
     times = []
     for out in trajectory(run, state, start, start + steps, per_step=True):
         state = out.state
@@ -83,6 +78,9 @@ def measure_in_process(
     model: str, strategy: str, devices: int, kw: dict, steps: int
 ) -> list[float]:
     """Step times of ``steps`` steps after ``WARMUP`` steps, in this process."""
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+
     run = build(RunSpec(strategy=strategy, model=model, devices=devices, progress=False, **kw))
     state, _ = step_times(run, run.strategy.init_state(0), 0, WARMUP)
     return step_times(run, state, WARMUP, steps)[1]
@@ -109,6 +107,9 @@ def measure_mpi(model: str, strategy: str, ranks: int, steps: int) -> list[float
 def predict(
     model: str, strategy: str, workers: int, batch: int, kw: dict, profile: str = "local"
 ) -> dict[str, Any]:
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
+
     traits = traits_of(strategy)
     opts = PredictOptions(
         microbatches=kw.get("microbatches", 4),
@@ -125,6 +126,9 @@ def predict(
 def recalibrated(folder: str, round_: int) -> str:
     """A copy of the ``local`` profile with its operation tables and its ``intra`` link
     (simulated devices) measured now; its path."""
+    from refdl.hw.calibrate.in_step import device_tables
+    from refdl.hw.calibrate.links import fit_alpha_beta, simulated_devices_allreduce
+
     raw = tomllib.loads(hw.dumps(hw.load("local")))
     dev, when = raw["device"], time.strftime("%Y-%m-%d %H:%M")
     peak, bandwidth = dev["peak_flops"]["float32"], dev["memory_bandwidth"]
@@ -148,6 +152,11 @@ class SpeedProbe:
               "cnn 12x12x4 k3 f8 b64 avg")  # fmt: skip
 
     def __init__(self, steps: int = 8) -> None:
+        import jax
+        import numpy as np
+
+        from refdl.hw.calibrate.in_step import generic_steps
+
         self.steps = steps
         self.generic = [g for g in generic_steps() if g.label in self.LABELS]
         self.states = [jax.device_put(g.state, jax.devices()[0]) for g in self.generic]

@@ -29,7 +29,6 @@ from statistics import median
 from typing import Any
 
 from refdl import hw
-from refdl.bench import parallel_points, searches
 from refdl.cli import Parser
 from refdl.config.files import load_toml
 from refdl.errors import UsageError
@@ -80,6 +79,8 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     if not raw.get("point"):
         raise UsageError(f"--data {path}: no [[point]] tables; give a measurements file "
                          f"such as {DATA}")  # fmt: skip
+    from refdl.bench import parallel_points, searches  # (JAX: after a bad file is answered)
+
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
     parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
@@ -176,6 +177,7 @@ def parallel_times(p: Point) -> tuple[float, tuple[float, float]]:
     """(published, (expected, bound)) seconds of a parallel point's step: the hybrid
     formula on its layout (``refdl.bench.parallel_points``) with the profile's achieved
     figures, and with peaks and full overlap."""
+    from refdl.bench import parallel_points
     from refdl.perf.prediction import predict_steps
     from refdl.strategies import traits_of
 
@@ -218,6 +220,8 @@ def efficiencies(p: Point, base_workers: int) -> dict[str, float]:
 
 def _skip(p: Point) -> str | None:
     """Why a point cannot be predicted, or None."""
+    from refdl.bench import parallel_points
+
     if p.not_predicted:
         return p.not_predicted
     if not p.hw:
@@ -248,6 +252,8 @@ def _base(p: Point, points: list[Point]) -> Point | None:
 def borrowed(p: Point, profile) -> bool:
     """Whether the achieved figure a point's prediction rests on is borrowed (its link's
     or its device's; ``HardwareProfile.borrowed_link`` / ``borrowed_device``)."""
+    from refdl.bench import parallel_points
+
     if p.kind == "collective":
         return profile.borrowed_link(_library(p, profile), _level(p, profile))
     if p.kind == "parallel":  # no fraction fitted for large transformer layers
@@ -273,6 +279,8 @@ def _interval(row: dict[str, Any], kind: str, is_borrowed: bool) -> None:
 def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]]:
     """Every point predicted (or the reason it is not), with its stated interval;
     ``progress``: a bar on a terminal, a line every 10 s in a log."""
+    from refdl.bench import parallel_points
+
     out = []
     bar = Progress(len(points), PROG, unit="point") if progress else None
     for p in points:
@@ -574,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    from refdl.bench import searches
+
     s = summary(rows)
     ranked = searches.measured(rows) + searches.stated(_split["stated_searches"], stated_time)
     s["searches"] = {**searches.summary(ranked), "cases": ranked}

@@ -45,11 +45,12 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from refdl.comm.sparse import SparseAllreduce
+from refdl.config.choices import SPARSE_ALGORITHM
 from refdl.config.codec import Compression
 
 Array = jax.Array
 BUCKET = 512  # values per scale for qsgd and sign (QSGD's bucket size in Alistarh et al.)
-SPARSE = {"sparse": "recursive-doubling", "sparse-split": "split-allgather"}  # --allreduce
+SPARSE = SPARSE_ALGORITHM  # --allreduce
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,9 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 LOSSES = ("cross_entropy", "squared")
 # refdl's, PyTorch's, Keras' and MXNet Gluon's (a bare net.initialize()) defaults
 INIT_SCHEMES = ("lecun_normal", "torch", "keras", "mxnet")
-SPARSE_ALLREDUCE = ("sparse", "sparse-split")  # top-k pairs summed (refdl.comm.sparse)
+# top-k pairs summed (refdl.comm.sparse), by recursive doubling or split-allgather
+SPARSE_ALGORITHM = {"sparse": "recursive-doubling", "sparse-split": "split-allgather"}
+SPARSE_ALLREDUCE = tuple(SPARSE_ALGORITHM)
 ALLREDUCE = ("xla", "ring", "tree", "halving-doubling", *SPARSE_ALLREDUCE)
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev", "looped-bfs")
 LOOPED = ("interleaved", "looped-bfs")  # schedules taking --chunks (chunk c at c * p + s)

@@ -13,9 +13,7 @@ from pathlib import Path
 from refdl.cli import Parser
 from refdl.config.paths import writable_file, write_atomic
 from refdl.errors import UsageError
-from refdl.hw.calibrate import calibrate
 from refdl.hw.profile import dumps, load, parse
-from refdl.parallel.processes import keep_freed_memory, simulate_devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "show":
             print(dumps(load(args.name)), end="")
             return 0
+        from refdl.hw.calibrate import calibrate  # (here: a mistake is answered without JAX)
+        from refdl.parallel.processes import keep_freed_memory, simulate_devices
+
         simulate_devices(8)  # the calibration measures simulated devices, as the tests run
         keep_freed_memory()  # and steps as refdl.train runs them
         profile = parse(calibrate(args.name), "calibration")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from refdl.comm.sparse import SparseAllreduce
 from refdl.errors import UsageError
 
 
@@ -164,6 +163,8 @@ def allreduce_sparse(
         raise UsageError(f"--density must be in (0, 1], not {density}")
     if value_bits not in (32, 8, 4):
         raise UsageError(f"--value-bits must be 32, 8 or 4, not {value_bits}")
+    from refdl.comm.sparse import SparseAllreduce  # (here: the profiles load without JAX)
+
     values = max(1, int(n // 4))
     sp = SparseAllreduce(values, max(1, math.ceil(density * values)), p, value_bits, algorithm)
     split = algorithm == "split-allgather"
