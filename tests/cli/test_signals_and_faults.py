@@ -4,6 +4,7 @@ rank gone; a killed writer never leaves a checkpoint that resumes wrongly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -224,3 +225,41 @@ def test_bad_train_flags_under_launch_are_one_line_before_any_rank(tmp_path):
         "(got 'asink'); did you mean async?"
     ]
     assert not out.exists()
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The pid of ``rank`` among the launcher's descendants (from /proc: the rank whose
+    environment says so)."""
+    todo, found = [launcher], []
+    while todo:
+        pid = todo.pop()
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and pid != launcher:
+            found.append(pid)
+    assert found, f"no rank {rank} under {launcher}"
+    return max(found)  # (the rank itself, not a shell that may wrap it)
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_under_launch_is_one_line_without_mpiruns_banner(tmp_path):
+    """Issue 54: kill -9 of one rank under ``refdl launch`` gave mpirun's 4-line banner
+    ("prterun noticed that process rank 1 ... exited on signal 9") before refdl's line. Now
+    the banner is held back when a line says why: one line, exit 3, and no checkpoint
+    claimed where none was written (the run checkpoints every 100000 steps)."""
+    out = tmp_path / "run"
+    proc = start("-n", "2", "train", "--strategy", "data", "--devices", "2", *MLP, "--steps",
+                 "100000", "--checkpoint-every", "100000", "--out", str(out),
+                 launcher=[sys.executable, "-m", "refdl.launch"])  # fmt: skip
+    wait_for_rows(out / "metrics.jsonl", 2)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 3 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("refdl.launch: error: rank 1 on ") and " was lost " in lines[0]
+    assert lines[0].endswith("no checkpoint was written"), lines[0]

@@ -31,11 +31,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from refdl.errors import UsageError
 from refdl.parallel import liveness
+from refdl.parallel.banners import Banners
 from refdl.parallel.hosts import Host, mpirun_on_hosts
 from refdl.parallel.signals import STOPPER
 
@@ -495,11 +497,13 @@ class _Relay:
             with contextlib.suppress(OSError):
                 self.proc.send_signal(self.RELAY[signum])
 
-    def report(self, scratch: Path, status: int) -> int | None:
+    def report(self, scratch: Path, status: int,
+               before: Callable[[], None] | None = None) -> int | None:  # fmt: skip
         """After mpirun: the run's one line (rank 0's, else the lowest rank's, else the
         launcher's own) and ``128 + signal`` when a signal stopped it - the launcher's, or
         one the ranks got another way (their ``said`` files); None when none did, or when
-        the run completed before the signal took effect."""
+        the run completed before the signal took effect. ``before``: called before the
+        line is printed."""
         said = sorted(scratch.glob("said.*"), key=lambda p: int(p.suffix[1:] or 0))
         if said:  # a rank's signal number, then its line (signals.say)
             number, _, line = said[0].read_text(errors="replace").partition("\n")
@@ -510,6 +514,8 @@ class _Relay:
             signum = self.signum
             line = (f"refdl.launch: interrupted by {signal.Signals(signum).name} while the "
                     "ranks were starting; no step was done in this launch")  # fmt: skip
+        if before is not None:  # (mpirun's last output first)
+            before()
         print(line.strip(), file=sys.stderr, flush=True)
         return 128 + signum
 
@@ -538,7 +544,9 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         # its own process group: a Ctrl-C at the terminal reaches only this process, which
         # relays it (mpirun's own answer to SIGINT kills the ranks within half a second)
         proc = stop.proc = subprocess.Popen(cmd, env=env, process_group=0,
-                                            stdin=subprocess.DEVNULL)  # fmt: skip
+                                            stdin=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE)  # fmt: skip
+        banners = Banners(proc.stderr)  # mpirun's, shown only where nothing else says why
         if stop.signum is not None:  # a signal while mpirun was starting
             stop.relay(stop.signum)
         status, noticed = None, None
@@ -560,10 +568,13 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
                 "(a host or its daemon lost?); resume from the run's last checkpoint"
             )
         if line is not None:
+            banners.finish(needed=False)
             if say_lost:  # (an elastic launch says what it does about it instead)
                 print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
-        stopped = stop.report(scratch, status)
+        stopped = stop.report(scratch, status, before=lambda: banners.finish(needed=False))
+        if stopped is None:
+            banners.finish(needed=status != 0)
         return status if stopped is None else stopped
     finally:
         for s, h in old.items():
