@@ -151,21 +151,31 @@ def table(measured: list[dict], predicted: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(predicted: list[dict], out: Path) -> None:
+def paper_title(args) -> str:
+    return (f"Predicted, not measured: {args.paper_workers} GPUs ({args.hw}), global batch "
+            f"{args.paper_batch}, Adam, fp32")  # fmt: skip
+
+
+def plot(predicted: list[dict], out: Path, title: str = "") -> None:
+    """Each model's predicted memory per device under ZeRO-1/2/3 as a share of plain data
+    parallelism's (whose GB the tick labels give): linear, so near-equal stages look so."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 4))
     ax = fig.subplots()
     width = 0.2
+    base = {r["model"]: r["memory_bytes"] for r in predicted if r["strategy"] == "data"}
     for i, (strategy, zero) in enumerate(VARIANTS):
         rs = [r for r in predicted if r["strategy"] == strategy and r["zero"] == zero]
         xs = [j + (i - 1.5) * width for j in range(len(rs))]
-        ax.bar(xs, [r["memory_bytes"] / 1e9 for r in rs], width,
+        ax.bar(xs, [r["memory_bytes"] / base[r["model"]] for r in rs], width,
                label=f"ZeRO-{zero}" if zero else "data")  # fmt: skip
-    ax.set_xticks(range(len(SHAPE_MODELS)), SHAPE_MODELS)
-    ax.set_ylabel("predicted memory per device (GB)")
-    ax.set_yscale("log")
-    ax.legend()
+    ax.set_xticks(range(len(SHAPE_MODELS)),
+                  [f"{m}\n(data: {base[m] / 1e9:.1f} GB)" for m in SHAPE_MODELS])  # fmt: skip
+    ax.set_ylabel("predicted memory per device,\nshare of data parallelism's")
+    ax.set_ylim(0, 1.1)
+    ax.set_title(title or "Predicted memory per device (refdl predict)", fontsize=10)
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     fig.savefig(out / "memory.png", dpi=100)
 
@@ -181,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hw", default="a100-nvlink-ib-hdr")
     ap.add_argument("--paper-workers", type=int, default=64)
     ap.add_argument("--paper-batch", type=int, default=1024)
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw memory.png from --out's bench_fsdp.json (no runs)")  # fmt: skip
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads((out / "bench_fsdp.json").read_text())
+        plot(saved["predicted"], out, f"{paper_title(args)} ({saved['meta']['date']})")
+        return 0
     measured, predicted = measure(args), predict(args)
     meta = {"command": " ".join(["scripts/bench_fsdp.py", *(argv or sys.argv[1:])]),
             "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count()}  # fmt: skip
@@ -191,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps({"meta": meta, "measured": measured, "predicted": predicted}, indent=1)
     )
     (out / "table.md").write_text(table(measured, predicted, args))
-    plot(predicted, out)
+    plot(predicted, out, f"{paper_title(args)} ({meta['date']})")
     print((out / "table.md").read_text())
     return 0
 

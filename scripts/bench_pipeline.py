@@ -45,7 +45,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated schedules to run (default: all)")  # fmt: skip
     ap.add_argument("--gantt-only", action="store_true",
                     help="run only P = 4, M = 8 and redraw its Gantt charts (no JSON)")  # fmt: skip
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw bubble/step_time/memory.png from --out's bench_pipeline.json "
+                         "(nothing is run)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.replot:
+        plots(json.loads((Path(args.out) / "bench_pipeline.json").read_text())["results"],
+              Path(args.out))  # fmt: skip
+        return 0
     chosen = args.schedules.split(",")
     unknown = sorted(set(chosen) - {s for s, _ in SCHEDULES})
     if unknown:
@@ -157,8 +164,8 @@ def plots(results: list[dict], out: Path) -> None:
               "looped-bfs": "tab:brown", "zb-h1": "tab:red", "zbv": "tab:purple",
               "dualpipev": "tab:olive"}  # fmt: skip
     for key, ylabel, fname in (
-        ("bubble", "bubble fraction", "bubble.png"),
-        ("step_time_median_s", "step time (s)", "step_time.png"),
+        ("bubble", "bubble fraction (dashed: analytic, solid: measured)", "bubble.png"),
+        ("step_time_median_s", "median step time (ms)", "step_time.png"),
         (
             "peak_activation_bytes_per_stage",
             "peak held activations, most loaded stage (bytes)",
@@ -169,6 +176,8 @@ def plots(results: list[dict], out: Path) -> None:
         for ax, p in zip(axes, (2, 4), strict=True):
             for sched, color in colors.items():
                 rows = [r for r in results if r["stages"] == p and r["schedule"] == sched]
+                if not rows:  # (a run of some schedules: the others are not in the legend)
+                    continue
                 ms = [r["microbatches"] for r in rows]
                 if key == "bubble":
                     ax.plot(
@@ -176,24 +185,25 @@ def plots(results: list[dict], out: Path) -> None:
                         [r["bubble_analytic"] for r in rows],
                         "--",
                         color=color,
-                        label=f"{sched} analytic",
+                        label="_nolegend_",
                     )
                     ax.plot(
                         ms,
                         [r["bubble_measured"] for r in rows],
                         "o-",
                         color=color,
-                        label=f"{sched} measured",
+                        label=sched,
                     )
                 elif key == "step_time_median_s":
-                    ax.plot(ms, [r[key] for r in rows], "o-", color=color, label=sched)
+                    ax.plot(ms, [r[key] * 1e3 for r in rows], "o-", color=color, label=sched)
                 else:
                     ax.plot(ms, [max(r[key]) for r in rows], "o-", color=color, label=sched)
             ax.set_xscale("log", base=2)
+            ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
             ax.set_xlabel("microbatches M")
             ax.set_ylabel(ylabel)
             ax.set_title(f"P = {p} stages")
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=8, ncol=2 if key == "bubble" else 1)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=100)
         plt.close(fig)

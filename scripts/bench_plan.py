@@ -91,11 +91,12 @@ def bench(model: str, batch: int, count: int, steps: int, tmp: Path) -> dict:
     }
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], path: Path, heading: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2))
     for ax, r in zip(axes if len(results) > 1 else [axes], results, strict=True):
@@ -106,16 +107,27 @@ def plot(results: list[dict], path: Path) -> None:
                    label="predicted best")  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
+        both = pred + meas  # y = x: where a prediction equals its measurement
+        ax.plot([min(both), max(both)], [min(both), max(both)], "k:", lw=0.8, label="y = x")
+        for axis in (ax.xaxis, ax.yaxis):  # no crowded minor labels on a short log axis
+            axis.set_minor_formatter(NullFormatter())
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.set_xlabel("predicted step, ms (local profile)")
         ax.set_ylabel("measured step, ms")
         title = (f"{r['model']}: tau {r['kendall_tau_b']:.2f}, best gap {r['best_gap']:.0%} "
                  f"({r['measured']} of {r['ranked']})")  # fmt: skip
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("refdl plan against refdl train, 8 simulated devices on this machine",
-                 fontsize=9)  # fmt: skip
+    fig.suptitle(heading or "refdl plan against refdl train, 8 simulated devices on this machine",
+                 fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def heading(record: dict) -> str:
+    """A figure's title: what was run, and when."""
+    return (f"refdl plan against refdl train: global batch {record['batch']}, "
+            f"{record['devices']} simulated devices on this machine, {record['date']}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=24, help="configurations measured per model")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64, help="global batch")
+    p.add_argument("--replot", metavar="NAME.json",
+                   help="redraw NAME.png from --out's NAME.json (no runs)")  # fmt: skip
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads((args.out / args.replot).read_text())
+        plot(saved["results"], (args.out / args.replot).with_suffix(".png"), heading(saved))
+        return 0
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
               "results": results}  # fmt: skip
     stem = "plan" if args.batch_size == 64 else f"plan-b{args.batch_size}"
     (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1))
-    plot(results, args.out / f"{stem}.png")
+    plot(results, args.out / f"{stem}.png", heading(record))
     for r in results:
         print(f"{r['model']}: {r['measured']} of {r['ranked']} configurations measured, "
               f"Kendall tau-b {r['kendall_tau_b']:.2f}, predicted best measured "

@@ -184,6 +184,7 @@ def compare(
     return {
         "model": model,
         "strategy": strategy,
+        "date": time.strftime("%Y-%m-%d"),
         "global_batch": batch,
         "steps": steps,
         "warmup": warmup,
