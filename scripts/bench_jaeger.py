@@ -181,6 +181,10 @@ def plot(rows: list[dict], path: Path) -> None:
         style = "--" if "predicted" in system else "o-"
         a.plot(ws, [r["samples_per_s"] for r in mine], style, label=system)
         b.plot(ws, [r["efficiency"] for r in mine], style, label=system)
+    every = sorted({r["workers"] for r in rows})  # a count: whole ticks only
+    for ax in (a, b):
+        ax.set_xticks(every)
+    a.set_ylim(bottom=0)  # (from 0, so a difference reads as drawn)
     a.set_xlabel("workers W")
     a.set_ylabel("samples/s")
     b.set_xlabel("workers W")

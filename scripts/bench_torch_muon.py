@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+TITLES = {"first_update_param_rel_l2": "first update: parameters' relative L2 distance",
+          "param_rel_l2": "last step: parameters' relative L2 distance",
+          "loss_rel": "loss: relative difference"}  # fmt: skip
+
+
 def plot(doc: dict, path: Path) -> None:
     """Each comparison's ratio per check over the bf16 envelope, healthy pairs and plants
     of both halves, and each check's factor."""
@@ -153,7 +158,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.axhline(factor, color="black", ls="--", lw=1, label="tolerance (factor)")
         ax.set_yscale("log")
         ax.set_xticks([])
-        ax.set_title(check.replace("_", " "), fontsize=9)
+        ax.set_xlabel("cases: tuning (o), then held out (^)", fontsize=8)
+        ax.set_title(TITLES.get(check, check.replace("_", " ")), fontsize=9)
     axes[0].set_ylabel("PyTorch's distance / bf16's effect on refdl")
     axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"refdl validate --optimizer muon vs torch.optim.Muon, {doc['steps']} steps "
