@@ -289,18 +289,22 @@ def plot(result: dict, path: Path) -> None:
     modes = ["blocking", "async"]
     a.bar(modes, [result["lost_per_save_s"][m] for m in modes], color=["#c44", "#4a4"])
     a.set_ylabel("training time lost per save (s)")
-    a.set_title(f"{result['state_mb']:.0f} MB state, 4 ranks")
+    a.set_title(f"{result['state_mb']:.0f} MB state, 4 ranks: a save's cost to training",
+                fontsize=10)  # fmt: skip
     ranks = [r["rank"] for r in result["ranks"]]
     b.bar([r - 0.2 for r in ranks], [r["store_bytes"] / 1e6 for r in result["ranks"]], 0.4,
           label="written by the rank (orbax)")  # fmt: skip
     b.bar([r + 0.2 for r in ranks], [r["rchar_restore"] / 1e6 for r in result["ranks"]], 0.4,
           label="read by the rank (restore onto hybrid)")  # fmt: skip
-    b.axhline(result["state_mb"], color="k", ls="--", label="whole state (format 1 gathers)")
+    b.axhline(result["state_mb"], color="k", ls="--",
+              label="whole state (refdl's format 1 gathered it to rank 0)")  # fmt: skip
+    b.set_title("bytes each rank writes, and reads when restored\nonto another layout (hybrid)",
+                fontsize=10)  # fmt: skip
     b.set_xlabel("rank")
     b.set_ylabel("MB")
     b.set_xticks(ranks)
     b.set_ylim(0, result["state_mb"] * 1.5)  # room for the legend above the dashed line
-    b.legend(fontsize=8, loc="upper center")
+    b.legend(fontsize=9, loc="upper center")
     a.set_xlabel(
         f"({result['machine']}: the background writer shares them with training)", fontsize=8
     )

@@ -215,22 +215,27 @@ def plot(data: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"mpi4py": "o-", "mpi4jax": "s-", "jax_gloo": "^-"}
+    # one colour per library; one host dotted with hollow markers, two hosts solid
+    styles = {"mpi4py": ("o", "C0"), "mpi4jax": ("s", "C1"),
+              "jax_gloo": ("^", "C2")}  # fmt: skip
+    names = {"mpi4py": "mpi4py", "mpi4jax": "mpi4jax", "jax_gloo": "jax.distributed (gloo)"}
     for where, ls in (("one_host", ":"), ("two_hosts", "-")):
-        for name, marker in styles.items():
+        for name, (marker, color) in styles.items():
             rows = data["allreduce"][where]["results"]
-            a.loglog([r["bytes"] for r in rows], [r[name] * 1e3 for r in rows],
-                     marker[0] + ls, label=f"{name}, {where.replace('_', ' ')}")  # fmt: skip
+            a.loglog([r["bytes"] for r in rows], [r[name] * 1e3 for r in rows], marker + ls,
+                     color=color, mfc="none" if where == "one_host" else color,
+                     label=f"{names[name]}, {where.replace('_', ' ')}")  # fmt: skip
     a.set_xlabel("bytes per rank (float32)")
     a.set_ylabel("allreduce, ms (median, slowest rank)")
     a.set_title(f"2 ranks; link {data['link']['bandwidth_GBps']:.1f} GB/s, "
                 f"RTT {data['link']['rtt_median_s'] * 1e6:.0f} us")  # fmt: skip
-    a.legend(fontsize=7)
+    a.set_ylim(bottom=1e-3)  # room below the curves for the legend
+    a.legend(fontsize=7, loc="lower right")
     labels = list(data["step"])
     b.bar(labels, [data["step"][k]["step_time_median_s"] * 1e3 for k in labels])
     b.set_ylabel("training step, ms (median)")
     b.set_title("data, lenet5, batch 64, 4 ranks")
-    b.tick_params(axis="x", labelsize=7)
+    b.tick_params(axis="x", labelsize=8)
     fig.suptitle("refdl across test hosts (network namespaces on one 2-core machine, "
                  f"{data['date']})", fontsize=9)  # fmt: skip
     fig.tight_layout()
