@@ -168,11 +168,28 @@ def check_world() -> None:
         )
 
 
-def comm() -> Any:
-    """``MPI.COMM_WORLD`` (mpi4py), for control messages between ranks."""
+# Open MPI's fault tolerance (ULFM), on unless the user set it: without it, a rank whose
+# peer's TCP connection resets is ended at once from inside MPI ("An error occurred in
+# Socket closed ... on a NULL communicator ... MPI_ERRORS_ARE_FATAL", exit status 14),
+# whatever the error handlers say. When that rank was rank 0, in an MPI call as a host
+# died, nobody said which host was lost (issue 53's race: ~1 in 15 killed-host runs here,
+# 2026-11-27). With it, the call raises MPI_ERR_PROC_FAILED and the heartbeats end every
+# rank with their line; mpirun's exit no longer takes the ranks with it either.
+FAULT_TOLERANCE = ("OMPI_MCA_mpi_ft_enable", "true")
+
+
+def mpi() -> Any:
+    """mpi4py's ``MPI``: its first import starts MPI, with Open MPI's fault tolerance
+    (``FAULT_TOLERANCE``, read once, then). refdl's ranks reach MPI through here first."""
+    os.environ.setdefault(*FAULT_TOLERANCE)
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD
+    return MPI
+
+
+def comm() -> Any:
+    """``MPI.COMM_WORLD`` (mpi4py), for control messages between ranks."""
+    return mpi().COMM_WORLD
 
 
 @functools.lru_cache(maxsize=1)
@@ -388,9 +405,7 @@ def agree(flag: bool) -> bool:
     same point); in one process, ``flag``."""
     if not under_mpi():
         return flag
-    from mpi4py import MPI
-
-    return bool(comm().allreduce(int(flag), op=MPI.MAX))
+    return bool(comm().allreduce(int(flag), op=mpi().MAX))
 
 
 def barrier() -> None:
