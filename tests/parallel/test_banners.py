@@ -1,0 +1,59 @@
+"""mpirun's standard error under ``refdl launch`` (``refdl.parallel.banners``): the ranks'
+lines pass through as they come, mpirun's banners are held and shown only when nothing
+else said why the run ended. Fed through a real pipe, as mpirun's stderr is."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from refdl.parallel.banners import Banners
+
+RULE = b"-" * 74 + b"\n"
+BANNER = RULE + b"prterun noticed that process rank 1 with PID 42 on node vm exited on\n" \
+    b"signal 9 (Killed).\n" + RULE  # fmt: skip
+
+
+def shown(chunks: list[bytes], needed: bool) -> tuple[bytes, bool, list[bytes]]:
+    """What a ``Banners`` reading ``chunks`` from a pipe writes, whether a rank said why,
+    and what it held, after ``finish(needed)``."""
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    with os.fdopen(r, "rb") as stream:
+        banners = Banners(stream, out=out_w)
+        for chunk in chunks:
+            os.write(w, chunk)
+            time.sleep(0.01)  # (separate reads, as from a live mpirun)
+        os.close(w)
+        banners.finish(needed=needed)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        return f.read(), banners.said, banners.held
+
+
+def test_a_banner_is_held_when_a_line_says_why():
+    rank = b"refdl.train: error: rank 1: --steps must be at least 1\n"
+    out, said, held = shown([b"step 1 ...\n", BANNER, rank], needed=True)
+    assert out == b"step 1 ...\n" + rank  # the banner left out: a rank said why
+    assert said and held == [BANNER]
+
+
+def test_a_banner_is_shown_at_the_end_when_nothing_else_says_why():
+    out, said, held = shown([b"step 1 ...\n", BANNER, b"step 2 ...\n"], needed=True)
+    assert out == b"step 1 ...\nstep 2 ...\n" + BANNER  # after the ranks' lines
+    assert not said and held == [BANNER]
+    out, _, _ = shown([BANNER], needed=False)  # the launcher says it: not shown
+    assert out == b""
+
+
+def test_a_line_in_pieces_passes_at_once_and_a_banner_split_across_reads_is_still_held():
+    progress = [b"\rtrain: 10/300", b"\rtrain: 20/300", b"\n"]  # a bar's updates, no newline
+    half = len(BANNER) // 2
+    out, _, held = shown([*progress, BANNER[:half], BANNER[half:]], needed=False)
+    assert out == b"".join(progress) and held == [BANNER]
+
+
+def test_dashes_that_are_not_a_rule_pass_through():
+    table = b"| a | b |\n|---|---|\n" + b"-" * 20 + b"\n"  # short rules: a rank's own table
+    out, _, held = shown([table], needed=False)
+    assert out == table and held == []
