@@ -59,6 +59,10 @@ def parser() -> argparse.ArgumentParser:
                    help="sgd, momentum or adam (its state's size; default: a refdl model's "
                    "own optimizer, adam for a shape)")  # fmt: skip
     p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    p.add_argument("--ties", default="simplest",
+                   help="the order of configurations within the model's paired error of the "
+                   "fastest: simplest (headroom, fewer mesh axes, plainer schedule, less "
+                   "recomputation; default) or time")  # fmt: skip
     p.add_argument("--json", action="store_true", help='{"configurations": [...]}, best first')
     p.add_argument("--plot", metavar="FILE.png", help="the top configurations' terms")
     p.add_argument("--run", action="store_true",
@@ -88,7 +92,7 @@ def show(record: dict[str, Any]) -> None:
     found = record["configurations"]
     print(f"priced {record['priced']:,} configurations on {record['meshes']:,} meshes in "
           f"{record['seconds']:.1f} s ({record['did_not_fit']:,} did not fit); "
-          f"the fastest {len(found)}:")  # fmt: skip
+          f"the first {len(found)}:")  # fmt: skip
     print(f"{'#':>2s}  {'step s [80 % interval]':<24s} {'mem GB':>7s}  {'dominant':<18s} "
           "configuration")  # fmt: skip
     for i, c in enumerate(found, 1):
@@ -101,8 +105,9 @@ def show(record: dict[str, Any]) -> None:
         print(f"#1 is {record['why_first']}")
     tied = record.get("indistinguishable_from_best_count", 0)
     if tied > 1:
-        print(f"{tied:,} configurations lie within {record['tie_band'] - 1:.0%} of #1, the "
-              "model's paired error: it cannot rank them (docs/performance-model.md)")  # fmt: skip
+        print(f"{tied:,} configurations lie within {record['tie_band'] - 1:.0%} of the "
+              "fastest, the model's paired error: it cannot rank them by time; they come "
+              f"first, by {record['tie_order']} (--ties {record['ties']})")  # fmt: skip
 
 
 def draw(record: dict[str, Any], path: str) -> None:
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len, top=args.top, precisions=precisions or None,
             memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
             optimizer=args.optimizer, library=args.library, runnable_only=args.run,
+            ties=args.ties,
         )  # fmt: skip
         if not record["configurations"]:
             raise UsageError(

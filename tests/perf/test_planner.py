@@ -37,8 +37,8 @@ def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
     r = json.loads(proc.stdout)
     found = r["configurations"]
     assert len(found) == 5 and r["seconds"] < 30 and took < 60
-    times = [c["step_time_s"] for c in found]
-    assert times == sorted(times)
+    # 5,353 tie (2026-11-27): the five are the simplest of them, not the fastest
+    assert r["indistinguishable_from_best_count"] > 5
     for c in found:
         assert c["step_time_low_s"] < c["step_time_s"] < c["step_time_high_s"]
         assert 0 < c["memory_bytes_per_device"] <= 80e9
@@ -47,8 +47,8 @@ def test_gpt3_175b_on_1024_a100s_in_seconds_best_first():
         assert sum(c["terms_s"].values()) == pytest.approx(c["step_time_s"], rel=1e-6)
         m = c["mesh"]
         assert m["data"] * m["fsdp"] * m["model"] * m["context"] * m["pipe"] == 1024
-    assert r["priced"] > 1000 and r["why_first"].startswith("indistinguishable from the next")
-    assert all(c["indistinguishable_from_best"] for c in found)  # five within 0.5 %
+    assert r["priced"] > 1000 and "within the model's paired error" in r["why_first"]
+    assert all(c["indistinguishable_from_best"] for c in found)
     assert r["indistinguishable_from_best_count"] > 1000
 
 
@@ -187,6 +187,51 @@ def test_ties_are_said_as_ties():
                         "pair_log_errors": [0.1, 0.3]}])  # fmt: skip
     assert check["best_in_tie_set"] == 1.0 and check["pairs_within_band"] == 0.5
     assert check["tie_band"] == TIE_BAND
+
+
+def test_tied_configurations_come_first_simplest_first():
+    """Issue 52: the model cannot rank a tie set by time, so plan shows it first, ordered
+    by memory headroom, fewer mesh axes, plainer schedule, less recomputation (then the
+    step); configurations past the band follow, fastest first. The mlp on this machine's
+    profile, 8 devices: 3 tie (2026-11-27), the first on 1 mesh axis."""
+    from refdl.perf.planning import plan_configurations
+    from refdl.perf.search import TIE_BAND, plainness
+
+    record, result = plan_configurations("local", "mlp", 8, 64, strategies=declared_traits(),
+                                         top=30)  # fmt: skip
+    shown, tied = record["configurations"], result.tie_set
+    limit = record["memory_limit_bytes"]
+    assert 1 < len(tied) == record["indistinguishable_from_best_count"] < len(shown)
+    fastest = min(p.step_time_s for p in tied)
+    first, rest = shown[: len(tied)], shown[len(tied) :]
+    assert all(c["indistinguishable_from_best"] for c in first)
+    assert not any(c["indistinguishable_from_best"] for c in rest)
+    keys = sorted(plainness(p, limit) for p in tied)  # headroom, axes, schedule, remat, step
+    assert [sum(v > 1 for v in c["mesh"].values()) for c in first] == [k[1] for k in keys]
+    assert [c["step_time_s"] for c in first] == pytest.approx([k[4] for k in keys])
+    assert [c["step_time_s"] for c in rest] == sorted(c["step_time_s"] for c in rest)
+    assert rest[0]["step_time_s"] > fastest * TIE_BAND
+    if keys[0][1] < keys[1][1]:  # the first wins on its axes: the plan says so
+        assert "uses fewer mesh axes" in record["why_first"]
+    assert record["tie_order"].startswith("memory headroom")
+    by_time, _ = plan_configurations("local", "mlp", 8, 64, strategies=declared_traits(),
+                                     top=30, ties="time")  # fmt: skip
+    times = [c["step_time_s"] for c in by_time["configurations"]]
+    assert times == sorted(times) and by_time["tie_order"] == "the predicted step"
+
+
+def test_a_search_ranks_the_sources_fastest_as_plan_orders_its_ties():
+    """bench published's plan-order rank (searches.plain_rank): the tie set first, fewer
+    mesh axes, plainer schedule and less recomputation before the step."""
+    from refdl.bench.searches import plain_rank
+
+    lays = [{"mesh": "data=8,model=4,pipe=2", "schedule": "interleaved", "remat": "full"},
+            {"mesh": "data=16,model=4", "remat": "none"},
+            {"mesh": "data=64", "remat": "full"}]  # fmt: skip
+    times = [1.0, 1.05, 1.5]  # the first two tie (TIE_BAND 1.189), the third does not
+    assert [plain_rank(lays, times, i) for i in range(3)] == [2, 1, 3]
+    same = [{"mesh": "data=8,pipe=8", "schedule": s, "remat": "none"} for s in ("zbv", "1f1b")]
+    assert plain_rank(same, [1.0, 1.1], 1) == 1  # the plainer schedule, though slower
 
 
 def test_dualpipev_is_priced_as_zbv_and_named_by_its_rows():

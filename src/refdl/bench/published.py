@@ -309,6 +309,7 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                     lay = parallel_points.layout(p)
                     row["search_key"] = f"{p.search}@{p.workers}x{lay['global_batch']}"
                     row["layout_text"] = parallel_points.describe(lay)
+                    row["layout"] = {k: lay[k] for k in ("mesh", "schedule", "remat")}
             elif p.kind == "step":
                 t_pub = published_time(p)
                 t, bound = step_times(p)
@@ -616,6 +617,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(v['best_in_top3'])}; of the {v['wide_searches']} with more than 3 "
               f"candidates, top 3 {_fmt(v['wide_best_in_top3'])}; mean Kendall tau "
               f"{'-' if tau is None else f'{tau:.2f}'}")  # fmt: skip
+        print(
+            f"  {'':12s} in plan's order (its ties simplest first): first "
+            f"{_fmt(v['plain_best_is_first'])}, top 3 {_fmt(v['plain_best_in_top3'])}"
+        )
     t = s["searches"]["ties"]
     print(f"ties (plan's band x{t['tie_band']:g}, set from {t['set_from']}'s searches) on the "
           f"{t['searches']} others: the source's fastest in the tie set "

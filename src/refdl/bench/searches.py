@@ -25,7 +25,7 @@ from statistics import mean
 from typing import Any
 
 from refdl.errors import UsageError
-from refdl.perf.search import TIE_BAND
+from refdl.perf.search import REMAT_RANK, SCHEDULE_RANK, TIE_BAND
 
 TIE_SOURCE = "bigscience_tr11_prequel"  # the searches TIE_BAND was set from
 
@@ -97,6 +97,25 @@ def rank_of(predicted: list[float], index: int) -> int:
     return 1 + sum(t <= predicted[index] for i, t in enumerate(predicted) if i != index)
 
 
+def plain_rank(layouts: list[dict[str, Any]], predicted: list[float], best: int) -> int:
+    """Candidate ``best``'s place in ``refdl plan``'s order: the tie set first, simplest
+    first (``refdl.perf.search.plainness``: fewer mesh axes, plainer schedule, less
+    recomputation, then the step; less its memory headroom, since every candidate here
+    ran), then the others fastest first."""
+    top = min(predicted) * TIE_BAND
+
+    def key(i: int) -> tuple:
+        lay = layouts[i]
+        words = str(lay.get("mesh", "")).replace(" ", "").split(",")
+        degree = {k: int(v) for k, _, v in (w.partition("=") for w in words) if v}
+        plain = (sum(d > 1 for d in degree.values()),
+                 SCHEDULE_RANK.get(lay.get("schedule", "1f1b"), 2) if degree.get("pipe", 1) > 1
+                 else 0, REMAT_RANK.get(lay.get("remat", "none"), 2))  # fmt: skip
+        return (0, *plain, predicted[i]) if predicted[i] <= top else (1, 0, 0, 0, predicted[i])
+
+    return 1 + sorted(range(len(predicted)), key=key).index(best)
+
+
 def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each measured search (rows of predicted points with a ``search_key``): the
     measured best, the rank refdl gives it, Kendall's tau."""
@@ -116,6 +135,8 @@ def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"search": key, "kind": "measured", "part": rs[0]["part"],
                     "source": rs[0]["source"], "candidates": len(rs),
                     "best": rs[best]["layout_text"], "refdl_rank_of_best": rank_of(pred, best),
+                    "refdl_plain_rank_of_best": plain_rank([r["layout"] for r in rs], pred,
+                                                           best),
                     "refdl_first": rs[pred.index(min(pred))]["layout_text"],
                     "kendall_tau_b": kendall_tau_b(pred, pub), **ties(pred, best),
                     "pair_log_errors": pairs})  # fmt: skip
@@ -135,7 +156,9 @@ def stated(searches: list[Stated], predict: Any) -> list[dict[str, Any]]:
             out.append({**row, "skipped": str(e)})
             continue
         text = [", ".join(f"{k}={v}" for k, v in c.items()) for c in s.candidates]
+        lays = [{**s.base, **c} for c in s.candidates]
         out.append({**row, "best": text[s.best], "refdl_rank_of_best": rank_of(pred, s.best),
+                    "refdl_plain_rank_of_best": plain_rank(lays, pred, s.best),
                     "refdl_first": text[pred.index(min(pred))], **ties(pred, s.best)})  # fmt: skip
     return out
 
@@ -184,6 +207,9 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "wide_searches": len(wide),
             "wide_best_in_top3": _share([r["refdl_rank_of_best"] <= 3 for r in wide]),
             "mean_kendall_tau_b": mean(taus) if taus else None,
+            # the same in refdl plan's order (the tie set simplest first: plain_rank)
+            "plain_best_is_first": _share([r["refdl_plain_rank_of_best"] == 1 for r in done]),
+            "plain_best_in_top3": _share([r["refdl_plain_rank_of_best"] <= 3 for r in done]),
         }
     out["skipped"] = [r["search"] for r in results if "skipped" in r]
     out["ties"] = tie_check(results)

@@ -93,6 +93,17 @@ def row(p: Any, transformer: bool, strategies: Mapping[str, Traits],
     }
 
 
+# How the configurations within TIE_BAND of the fastest are ordered (refdl plan --ties).
+# Measured on the published configuration searches (refdl bench published, 2026-11-27,
+# held-out part, 29 searches): the source's fastest first in 41 % / 69 % of them, in the
+# first 3 in 90 % / 86 %, simplest / time.
+TIE_ORDERS = {
+    "simplest": "memory headroom (at most 90 % of the limit), fewer mesh axes, plainer "
+    "schedule, less recomputation, then the predicted step",
+    "time": "the predicted step",
+}
+
+
 def plan_configurations(
     hw_name: str,
     model: str,
@@ -107,18 +118,22 @@ def plan_configurations(
     optimizer: str | None = None,
     library: str | None = None,
     runnable_only: bool = False,
+    ties: str = "simplest",
 ) -> tuple[dict[str, Any], Any]:
     """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
     ``memory_limit``: bytes per device (default: the device's); ``runnable_only``: only
-    what ``refdl train`` runs."""
-    from refdl.perf.search import TIE_BAND, Planner, why_first
+    what ``refdl train`` runs; ``ties``: the order of the configurations the model cannot
+    rank by time (``TIE_ORDERS``)."""
+    from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
               ("--top", top, 1 << 20))  # fmt: skip
     for flag, value, most in bounds:
         if problem := Int(min=1, max=most).problem(value):
             raise UsageError(f"{flag} must be {problem}")
+    if ties not in TIE_ORDERS:
+        raise UsageError(f"--ties must be one of {', '.join(TIE_ORDERS)} (got {ties!r})")
     optimizer = optimizer or default_optimizer(model)
     if optimizer not in OPTIMIZER_WORDS:
         raise UsageError(f"unknown --optimizer {optimizer!r}; choose {', '.join(OPTIMIZER_WORDS)}")
@@ -138,6 +153,10 @@ def plan_configurations(
     )  # fmt: skip
     result = planner.search(top)
     seconds = time.perf_counter() - t0
+    shown = list(result.found)
+    if ties == "simplest":  # the tie set first, simplest first; then the fastest of the rest
+        tied = sorted(result.tie_set, key=lambda p: plainness(p, limit))
+        shown = (tied + [p for p in result.found if p not in result.tie_set])[:top]
     transformer = cost.transformer is not None
     record = {
         "hw": profile.name,
@@ -152,16 +171,23 @@ def plan_configurations(
         "meshes": result.meshes,
         "did_not_fit": result.too_big,
         "seconds": seconds,
-        "configurations": [row(p, transformer, strategies, cost.layers) for p in result.found],
+        "configurations": [row(p, transformer, strategies, cost.layers) for p in shown],
         # how many configurations (of all, not only those printed) the model cannot tell
-        # from the fastest: within TIE_BAND of its step
+        # from the fastest: within TIE_BAND of its step; they come first, simplest first
         "tie_band": TIE_BAND,
         "indistinguishable_from_best_count": result.tied,
+        "ties": ties,
+        "tie_order": TIE_ORDERS[ties],
     }
     if result.found:
         fastest = result.found[0].step_time_s
         for r in record["configurations"]:
             r["indistinguishable_from_best"] = r["step_time_s"] <= fastest * TIE_BAND
-    if len(result.found) > 1:
-        record["why_first"] = why_first(result.found[0], result.found[1])
+    if len(shown) > 1:
+        a, b = shown[0], shown[1]
+        both_tied = ties == "simplest" and a in result.tie_set and b in result.tie_set
+        record["why_first"] = (f"as fast as the next within the model's paired error, and "
+                               f"{why_plainer(a, b, limit)}" if both_tied and plainness(
+                                   a, limit)[:4] != plainness(b, limit)[:4]
+                               else why_first(a, b))  # fmt: skip
     return record, result

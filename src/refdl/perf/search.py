@@ -179,6 +179,41 @@ class Search:
     meshes: int
     too_big: int
     tied: int = 0  # configurations within TIE_BAND of the fastest (all of them counted)
+    tie_set: list[Priced] = dataclasses.field(default_factory=list)  # those configurations
+
+
+# Within a tie set the model cannot rank configurations by time (TIE_BAND), so ``refdl
+# plan`` orders them by what is simpler to run (issue 52): memory headroom (at most
+# HEADROOM of the limit), then fewer mesh axes, a plainer schedule, less recomputation;
+# the predicted step last. ``plainness`` is the key, ``why_plainer`` says which decided.
+HEADROOM = 0.9
+SCHEDULE_RANK = {"gpipe": 0, "1f1b": 0, "interleaved": 1, "looped-bfs": 1, "zb-h1": 2,
+                 "zbv": 2, "dualpipev": 2}  # fmt: skip
+REMAT_RANK = {"none": 0, "selective": 1, "full": 2}
+
+
+def plainness(p: Priced, limit: float) -> tuple[bool, int, int, int, float]:
+    """The secondary order of a tie set, smallest first (see ``HEADROOM``)."""
+    c = p.config
+    axes = sum(getattr(c.mesh, a) > 1 for a in AXES)
+    schedule = SCHEDULE_RANK.get(c.schedule, 2) if c.mesh.pipe > 1 else 0
+    return (p.memory_bytes > HEADROOM * limit, axes, schedule, REMAT_RANK.get(c.remat, 2),
+            p.step_time_s)  # fmt: skip
+
+
+def why_plainer(a: Priced, b: Priced, limit: float) -> str:
+    """Which criterion of ``plainness`` puts ``a`` before ``b`` (both in the tie set)."""
+    ka, kb = plainness(a, limit), plainness(b, limit)
+    if ka[0] != kb[0]:
+        return (f"leaves memory headroom ({a.memory_bytes / limit:.0%} of the limit, the next "
+                f"{b.memory_bytes / limit:.0%})")  # fmt: skip
+    if ka[1] != kb[1]:
+        return f"uses fewer mesh axes ({ka[1]}, the next {kb[1]})"
+    if ka[2] != kb[2]:
+        return f"has a plainer schedule ({a.config.schedule}, the next {b.config.schedule})"
+    if ka[3] != kb[3]:
+        return f"recomputes less ({a.config.remat}, the next {b.config.remat})"
+    return "is predicted faster"
 
 
 def divisors(n: int) -> list[int]:
@@ -447,9 +482,9 @@ class Planner:
                     if len(worst) > top:
                         heapq.heappop(worst)
         found.sort(key=lambda p: (p.step_time_s, p.memory_bytes))
-        tied = sum(p.step_time_s <= best * TIE_BAND for p in found)
+        tie_set = [p for p in found if p.step_time_s <= best * TIE_BAND]
         return Search(found[:top] if top else found, self.priced, self.mesh_count, self.too_big,
-                      tied)  # fmt: skip
+                      len(tie_set), tie_set)  # fmt: skip
 
 
 def why_first(a: Priced, b: Priced) -> str:
