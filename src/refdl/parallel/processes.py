@@ -172,7 +172,7 @@ def check_world() -> None:
 # peer's TCP connection resets is ended at once from inside MPI ("An error occurred in
 # Socket closed ... on a NULL communicator ... MPI_ERRORS_ARE_FATAL", exit status 14),
 # whatever the error handlers say. When that rank was rank 0, in an MPI call as a host
-# died, nobody said which host was lost (issue 53's race: ~1 in 15 killed-host runs here,
+# died, nobody said which host was lost (issue 53's race: 3 of ~30 killed-host runs here,
 # 2026-11-27). With it, the call raises MPI_ERR_PROC_FAILED and the heartbeats end every
 # rank with their line; mpirun's exit no longer takes the ranks with it either.
 FAULT_TOLERANCE = ("OMPI_MCA_mpi_ft_enable", "true")
