@@ -480,16 +480,18 @@ def test_the_launcher_reads_rank_0s_record_then_its_early_word_then_the_others(
 
 @pytest.mark.mpi
 @pytest.mark.slow  # 75 s on 2 cores; slow since 2026-11-27, when the default run took 15:25
-def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts):
+@pytest.mark.parametrize("strategy", ["data", "fsdp", "hybrid"])
+def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts, strategy):
     """Issue 53's acceptance: ``refdl launch --elastic`` across both hosts, refdl-h2 killed
     (SIGKILL to all its processes) once step 20 is checkpointed. The launcher restarts the
     run on refdl-h1 from the newest checkpoint, resharded to 2 ranks with the same global
     batch, exits 0, ends where 60 uninterrupted steps of single end (fp32: rtol 1e-5,
-    atol 1e-6) and lists the restart in the summary."""
+    atol 1e-6) and lists the restart in the summary. ``fsdp``: its ZeRO-3 shards of 4
+    ranks restored onto 2."""
     out = tmp_path / "e"
     cmd = [sys.executable, "-m", "refdl", "launch", "--elastic", "--hosts", HOSTS,
-           "--launch-agent", AGENT, "train", "--strategy", "data", "--devices", "4", "--steps",
-           "60", "--out", str(out), "--no-progress", "--timeout", "30"]  # fmt: skip
+           "--launch-agent", AGENT, "train", "--strategy", strategy, "--devices", "4",
+           "--steps", "60", "--out", str(out), "--no-progress", "--timeout", "30"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     try:
