@@ -24,8 +24,9 @@ import math
 from statistics import mean
 from typing import Any
 
+from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
-from refdl.perf.search import REMAT_RANK, SCHEDULE_RANK, TIE_BAND
+from refdl.perf.search import TIE_BAND, layout_plainness
 
 TIE_SOURCE = "bigscience_tr11_prequel"  # the searches TIE_BAND was set from
 
@@ -106,11 +107,8 @@ def plain_rank(layouts: list[dict[str, Any]], predicted: list[float], best: int)
 
     def key(i: int) -> tuple:
         lay = layouts[i]
-        words = str(lay.get("mesh", "")).replace(" ", "").split(",")
-        degree = {k: int(v) for k, _, v in (w.partition("=") for w in words) if v}
-        plain = (sum(d > 1 for d in degree.values()),
-                 SCHEDULE_RANK.get(lay.get("schedule", "1f1b"), 2) if degree.get("pipe", 1) > 1
-                 else 0, REMAT_RANK.get(lay.get("remat", "none"), 2))  # fmt: skip
+        plain = layout_plainness(MeshSpec.parse(lay["mesh"]), lay.get("schedule", "1f1b"),
+                                 lay.get("remat", "none"))  # fmt: skip
         return (0, *plain, predicted[i]) if predicted[i] <= top else (1, 0, 0, 0, predicted[i])
 
     return 1 + sorted(range(len(predicted)), key=key).index(best)

@@ -192,13 +192,18 @@ SCHEDULE_RANK = {"gpipe": 0, "1f1b": 0, "interleaved": 1, "looped-bfs": 1, "zb-h
 REMAT_RANK = {"none": 0, "selective": 1, "full": 2}
 
 
+def layout_plainness(mesh: MeshSpec, schedule: str, remat: str) -> tuple[int, int, int]:
+    """A layout's mesh axes in use, its schedule's rank (where it has a pipeline) and its
+    recomputation's: smaller is plainer (``plainness``, and bench published's searches)."""
+    axes = sum(getattr(mesh, a) > 1 for a in AXES)
+    return axes, SCHEDULE_RANK.get(schedule, 2) if mesh.pipe > 1 else 0, REMAT_RANK.get(remat, 2)
+
+
 def plainness(p: Priced, limit: float) -> tuple[bool, int, int, int, float]:
     """The secondary order of a tie set, smallest first (see ``HEADROOM``)."""
     c = p.config
-    axes = sum(getattr(c.mesh, a) > 1 for a in AXES)
-    schedule = SCHEDULE_RANK.get(c.schedule, 2) if c.mesh.pipe > 1 else 0
-    return (p.memory_bytes > HEADROOM * limit, axes, schedule, REMAT_RANK.get(c.remat, 2),
-            p.step_time_s)  # fmt: skip
+    return (p.memory_bytes > HEADROOM * limit,
+            *layout_plainness(c.mesh, c.schedule, c.remat), p.step_time_s)  # fmt: skip
 
 
 def why_plainer(a: Priced, b: Priced, limit: float) -> str:
