@@ -8,7 +8,8 @@
 #   bash scripts/hosts.sh up 2            # refdl-h1, refdl-h2 (10.213.0.11, .12)
 #   bash scripts/hosts.sh agent refdl-h2 CMD ...   # run CMD on a host (mpirun's ssh)
 #   bash scripts/hosts.sh shell refdl-h1  # a shell on a host
-#   bash scripts/hosts.sh cut refdl-h2    # take its link down (a lost host)
+#   bash scripts/hosts.sh cut refdl-h2    # take its link down (a lost host; the agent
+#                                         # then refuses it, as ssh would: status 255)
 #   bash scripts/hosts.sh mend refdl-h2   # bring its link back up
 #   bash scripts/hosts.sh kill refdl-h2   # SIGKILL every process on it (a lost host)
 #   bash scripts/hosts.sh list            # the hosts and their addresses
@@ -115,6 +116,12 @@ agent() {
   while [ $# -gt 0 ] && [[ "$1" == -* ]]; do shift; done  # ssh options (e.g. -x)
   local h="$1"; shift
   [ $# -ge 1 ] || die "agent: no command for $h"
+  # A cut host is out of reach, as it would be for ssh (whose status for that is 255); the
+  # elastic launcher's probe of a lost host relies on it.
+  if hosts | grep -qx "$h" && ! ip -n "$NET" -o link show "h${h#"$PREFIX"}" 2>/dev/null |
+      grep -q '[<,]UP[,>]'; then
+    echo "hosts.sh: agent: $h is cut off (its link is down)" >&2; exit 255
+  fi
   # The hosts share this machine's cores: MPI ranks that busy-wait would keep the kernel
   # from moving their packets across the bridge (a 1 KiB message took 8 ms, 36 us when
   # the ranks yield; docs/distributed.md). Real hosts have cores of their own.

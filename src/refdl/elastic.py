@@ -16,11 +16,16 @@ are asynchronous orbax saves, so ``--elastic`` saves every step unless
 ``--checkpoint-every`` is given: a loss redoes at most the step whose save had not
 committed.
 
-Every restart is listed in the final ``summary.json`` (``restarts``): when, which hosts,
-the step reached and the checkpoint's, the steps redone, and the seconds from the loss
-to the first step on the survivors. A host that comes back is not taken in again during
-the run (not built: it would need the survivors to stop at a checkpoint and start
-again on the larger set).
+A lost host that comes back is taken in again (unless ``--no-rejoin``): while the run
+goes on without it, the launcher asks it through the launch agent every ``REJOIN_EVERY_S``
+whether it answers; once it does, the ranks stop after the step in flight (rank 0
+checkpoints it, as for a signal) and the run starts again on the larger set, from that
+checkpoint, with the same global batch.
+
+Every restart is listed in the final ``summary.json`` (``restarts``): when, which hosts
+were lost or came back, the ranks before and after, the step reached and the
+checkpoint's, the steps redone, and the seconds from the loss (or the return) to the
+first step of the next launch.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import datetime
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,10 +43,11 @@ from refdl.config.files import load_json
 from refdl.errors import UsageError
 from refdl.parallel.hosts import Host
 from refdl.parallel.liveness import EXIT_LOST
-from refdl.parallel.processes import launch
+from refdl.parallel.processes import PAUSED, launch
 
 MAX_RESTARTS = 8
 PROBE_S = 10.0
+REJOIN_EVERY_S = 5.0  # how often a lost host is asked whether it answers again
 
 
 def _value(args: list[str], flag: str) -> str | None:
@@ -104,29 +111,70 @@ def _answers(host: Host, agent: list[str] | None) -> bool:
         return False
 
 
+class Returns:
+    """The lost ``hosts``, asked in a thread every ``REJOIN_EVERY_S`` whether they answer
+    the launch agent again, while a launch runs without them; ``back`` lists those that
+    did (``came_back`` is the launch's pause)."""
+
+    def __init__(self, hosts: list[Host], agent: list[str] | None) -> None:
+        self.back: list[Host] = []
+        self._done, self._found = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._ask, args=(hosts, agent), daemon=True)
+        if hosts:
+            self._thread.start()
+
+    def _ask(self, hosts: list[Host], agent: list[str] | None) -> None:
+        while not self._done.wait(REJOIN_EVERY_S):
+            back = [h for h in hosts if _answers(h, agent)]
+            if back and not self._done.is_set():
+                self.back = back
+                self._found.set()
+                return
+
+    def came_back(self) -> bool:
+        return self._found.is_set()
+
+    def close(self) -> None:
+        self._done.set()
+
+
 def _lost_hosts(hosts: list[Host], summary: dict[str, Any], agent: list[str] | None
                 ) -> list[Host]:  # fmt: skip
     reason = str(summary.get("reason", ""))
     return [h for h in hosts if f" on {h.name} " in f"{reason} " or not _answers(h, agent)]
 
 
-def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hosts: int
-            ) -> int:  # fmt: skip
+def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hosts: int,
+            rejoin: bool = True) -> int:  # fmt: skip
     """Run ``refdl train ARGS`` on ``hosts``, restarting on the survivors of each lost host
-    (see the module's docstring); the exit status of the last run."""
+    and, with ``rejoin``, on the larger set when a lost host answers again (see the
+    module's docstring); the exit status of the last run."""
     args, out = prepare(args)
     current, restarts = list(hosts), []
     run_args = args
     while True:
-        status = launch(sum(h.slots for h in current), ["-m", "refdl.train", *run_args],
-                        current, agent, say_lost=False)  # fmt: skip
+        missing = [h for h in hosts if h not in current] if rejoin else []
+        returns = Returns(missing, agent)
+        try:
+            status = launch(sum(h.slots for h in current), ["-m", "refdl.train", *run_args],
+                            current, agent, say_lost=False, pause=returns.came_back)  # fmt: skip
+        finally:
+            returns.close()
         summary = _summary(out)
         if restarts and restarts[-1]["seconds_lost"] is None:
             first = summary.get("first_step_at_unix")
             if isinstance(first, int | float):
                 restarts[-1]["seconds_lost"] = round(first - restarts[-1]["lost_at_unix"], 3)
-        if status == 0 and summary.get("status") == "completed":
+        if status in (0, PAUSED) and summary.get("status") == "completed":
             break
+        if status == PAUSED and len(restarts) < MAX_RESTARTS:
+            current = _take_back(hosts, current, returns.back, summary, out, restarts)
+            run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
+            continue
+        if status == PAUSED:  # (the ranks stopped and checkpointed; nothing is lost)
+            print(f"refdl.launch: error: {MAX_RESTARTS} restarts already; resume by hand",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return EXIT_LOST
         if status != EXIT_LOST:
             return status
         lost = _lost_hosts(current, summary, agent)
@@ -154,6 +202,7 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
         restarts.append({
             "at": datetime.datetime.fromtimestamp(lost_at, datetime.UTC).isoformat(),
             "lost_hosts": [h.name for h in lost],
+            "returned_hosts": [],
             "hosts_after": {h.name: h.slots for h in alive},
             "ranks": [ranks_before, ranks_after],
             "step_reached": done if isinstance(done, int) else None,
@@ -169,17 +218,48 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
         run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
         current = alive
     if restarts:
-        _record(out, summary, restarts, hosts, current)
+        _record(out, summary, restarts, hosts, current, rejoin)
     return 0
 
 
+def _take_back(hosts: list[Host], current: list[Host], back: list[Host],
+               summary: dict[str, Any], out: Path, restarts: list[dict[str, Any]]
+               ) -> list[Host]:  # fmt: skip
+    """The hosts of the next launch once ``back`` answered again (in the order given at
+    the start), the restart listed in ``restarts`` and said in one line."""
+    larger = [h for h in hosts if h in current or h in back]
+    last = summary.get("last_checkpoint") or _newest(out)
+    step = int(Path(str(last)).name.removeprefix("step_")) if last else 0
+    done = summary.get("last_step_done", summary.get("steps"))
+    now = time.time()
+    restarts.append({
+        "at": datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
+        "lost_hosts": [],
+        "returned_hosts": [h.name for h in back],
+        "hosts_after": {h.name: h.slots for h in larger},
+        "ranks": [sum(h.slots for h in current), sum(h.slots for h in larger)],
+        "step_reached": done if isinstance(done, int) else None,
+        "checkpoint_step": step,
+        "steps_redone": max(0, done - step) if isinstance(done, int) else None,
+        "lost_at_unix": now,
+        "seconds_lost": None,
+    })  # fmt: skip
+    print(f"refdl.launch: {', '.join(h.name for h in back)} answers again; stopped after "
+          f"step {done if done is not None else '?'} and carrying on on "
+          f"{','.join(f'{h.name}:{h.slots}' for h in larger)} from {last} "
+          f"({restarts[-1]['ranks'][1]} ranks, the same global batch)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return larger
+
+
 def _record(out: Path, summary: dict[str, Any], restarts: list[dict[str, Any]],
-            started: list[Host], ended: list[Host]) -> None:  # fmt: skip
+            started: list[Host], ended: list[Host], rejoin: bool) -> None:  # fmt: skip
     """The restarts into the final ``summary.json`` (rank 0 wrote the rest)."""
     batch = summary.get("global_batch")
     per_rank = None
-    if isinstance(batch, int):
-        per_rank = [batch / r for r in (restarts[0]["ranks"][0], restarts[-1]["ranks"][1])]
+    if isinstance(batch, int):  # at the start, then after each restart
+        ranks = [restarts[0]["ranks"][0]] + [r["ranks"][1] for r in restarts]
+        per_rank = [batch / r for r in ranks]
     summary["restarts"] = restarts
     summary["elastic"] = {
         "hosts_at_start": {h.name: h.slots for h in started},
@@ -187,7 +267,7 @@ def _record(out: Path, summary: dict[str, Any], restarts: list[dict[str, Any]],
         "global_batch": batch,
         "per_rank_batch": per_rank,
         "kept_by": "a larger per-rank batch (the global batch split over fewer ranks)",
-        "rejoin": "not built: a host that comes back is not taken in again during the run",
+        "rejoin": rejoin,
     }
     tmp = out / ".summary.json.elastic"
     tmp.write_text(json.dumps(summary, indent=1))

@@ -25,8 +25,9 @@ mpirun itself runs on the first host. The hosts must share this folder's path (t
 and the run folder), as on a cluster's shared file system.
 
 ``--elastic`` (``refdl.elastic``): when a host is lost, the run carries on on the hosts
-that remain, from the newest checkpoint, resharded, with the same global batch; its
-``summary.json`` lists each restart. ``--min-hosts N`` bounds how far it shrinks.
+that remain, from the newest checkpoint, resharded, with the same global batch, and a
+lost host that answers again is taken back at the next step (unless ``--no-rejoin``);
+its ``summary.json`` lists each restart. ``--min-hosts N`` bounds how far it shrinks.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="with --elastic: stop rather than carry on on fewer hosts (default 1)",
     )
+    p.add_argument("--no-rejoin", action="store_true",
+                   help="with --elastic: keep a lost host out when it answers again")
     p.add_argument("command", choices=sorted(COMMANDS), help="the refdl command to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
@@ -89,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         if slots is not None and ranks > slots:
             raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
                              "raise their RANKS or lower -n")  # fmt: skip
-        if args.min_hosts is not None and not args.elastic:
-            raise UsageError("--min-hosts is an option of --elastic")
+        for given, name in ((args.min_hosts is not None, "--min-hosts"),
+                            (args.no_rejoin, "--no-rejoin")):  # fmt: skip
+            if given and not args.elastic:
+                raise UsageError(f"{name} is an option of --elastic")
         if args.elastic:
             from refdl.elastic import prepare
 
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.elastic:
             from refdl.elastic import elastic
 
-            return elastic(hosts, agent, args.args, args.min_hosts)
+            return elastic(hosts, agent, args.args, args.min_hosts, rejoin=not args.no_rejoin)
         return launch(ranks, ["-m", COMMANDS[args.command], *args.args], hosts, agent)
     except UsageError as e:
         p.error(str(e))

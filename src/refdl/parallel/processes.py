@@ -55,6 +55,7 @@ MALLOC_TUNABLES = (
     "glibc.malloc.trim_threshold=4294967296"
 )
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+PAUSED = -1  # not an exit status: launch's answer when the ranks stopped as its pause asked
 LOST_GRACE_S = 5.0  # after a rank reported a lost rank, mpirun's time to end by itself
 
 
@@ -498,7 +499,14 @@ class _Relay:
                                        signal.SIGUSR2: signal.SIGUSR2}  # fmt: skip
 
     def __init__(self, path: Path) -> None:
-        self.path, self.proc, self.signum = path, None, None
+        self.path, self.proc, self.signum, self.paused = path, None, None, False
+
+    def pause(self) -> None:
+        """Ask the ranks to stop after the step in flight, through the stop file alone (no
+        signal: the ranks read it every step and agree on the step to stop at)."""
+        self.paused = True
+        with contextlib.suppress(OSError):
+            self.path.write_text(f"{int(signal.SIGTERM)}\n")
 
     def handle(self, signum: int, _frame: Any) -> None:
         if self.signum is None:  # (SIGUSR1/SIGUSR2 stand for SIGINT/SIGTERM, as for ranks)
@@ -536,13 +544,16 @@ class _Relay:
 
 
 def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
-           agent: list[str] | None = None, say_lost: bool = True) -> int:  # fmt: skip
+           agent: list[str] | None = None, say_lost: bool = True,
+           pause: Callable[[], bool] | None = None) -> int:  # fmt: skip
     """Run ``python ARGV`` on ``ranks`` ranks under mpirun (``mpirun_command``; on
     ``hosts`` through the launch ``agent``, ``refdl.parallel.hosts``) and return its exit
     status; SIGINT and SIGTERM reaching this process are passed on as SIGUSR1 and
     SIGUSR2, which mpirun forwards to the ranks without ending the job (see
     ``Stopper.MEANS``), so every rank stops after the step in flight and rank 0
-    checkpoints it."""
+    checkpoints it. ``pause`` (asked twice a second): once it answers True, the ranks stop
+    the same way, quietly, and ``PAUSED`` is returned (an elastic launch taking a host
+    back)."""
     env = mpirun_env()
     # where a rank leaves its line when a rank is lost (the hosts share this folder)
     scratch = Path(tempfile.mkdtemp(prefix=".refdl-launch-", dir="." if hosts else None))
@@ -569,6 +580,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
             try:
                 status = proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
+                if pause is not None and stop.signum is None and not stop.paused and pause():
+                    stop.pause()
                 if noticed is None and any(scratch.glob("record*")):
                     noticed = time.monotonic()
                 if noticed is not None and time.monotonic() - noticed > LOST_GRACE_S:
@@ -587,6 +600,9 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
             if say_lost:  # (an elastic launch says what it does about it instead)
                 print(f"refdl.launch: error: {line}", file=sys.stderr, flush=True)
             return liveness.EXIT_LOST
+        if stop.paused and stop.signum is None and status == 0:
+            banners.finish(needed=False)
+            return PAUSED  # (the ranks' lines say they were stopped: the caller asked)
         stopped = stop.report(scratch, status, before=lambda: banners.finish(needed=False))
         if stopped is None:
             banners.finish(needed=status != 0)
