@@ -272,13 +272,12 @@ def check_lost(proc: subprocess.Popen, out: Path, gone: float, bound: float) -> 
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
 # In 3 of about 12 fresh-clone CI runs (2026-11-25/26), and about 1 in 3 here (2026-11-27),
 # rank 0 ended before its record. Two causes, both closed (docs/distributed.md, "A lost
 # host"): JAX's distributed service ended every process once a task died (its recoverable
 # mode, processes.init_spmd), and Open MPI ended a rank in an MPI call when a peer's
-# connection reset (its fault tolerance, processes.FAULT_TOLERANCE; the test above). Slow
-# for its 50 s; the test above checks the second cause on demand in 2 s.
+# connection reset (its fault tolerance, processes.FAULT_TOLERANCE; the test below). In
+# the default suite again since 2026-11-27 (about 45 s).
 def test_a_killed_host_ends_every_rank_and_the_rest_carry_on(tmp_path, test_hosts):
     """SIGKILL to every process on refdl-h2: the connections reset, every rank on
     refdl-h1 ends with exit status 3 (measured: 0.35 s, 2026-11-25). The run then goes on
@@ -286,11 +285,18 @@ def test_a_killed_host_ends_every_rank_and_the_rest_carry_on(tmp_path, test_host
     proc, out, gone = lose_a_host(tmp_path, "kill")
     check_lost(proc, out, gone, bound=10)
     ckpt = json.loads((out / "summary.json").read_text())["last_checkpoint"]
-    steps = str(int(Path(ckpt).name.removeprefix("step_")) + 10)
-    ok(launch("--hosts", "refdl-h1:2", "--launch-agent", AGENT, "train", "--resume", str(out),
-              "--reshard", "--strategy", "data", "--steps", steps, "--no-progress"))  # fmt: skip
+    steps = int(Path(ckpt).name.removeprefix("step_")) + 10
+    resumed = launch("--hosts", "refdl-h1:2", "--launch-agent", AGENT, "train", "--resume",
+                     str(out), "--reshard", "--strategy", "data", "--steps", str(steps),
+                     "--no-progress")  # fmt: skip
+    # (once in 31 runs here, 2026-11-27, with other tests beside it, the resumed ranks
+    # could not bind refdl-h1's address: what the hosts looked like then is kept)
+    seen = subprocess.run("ip netns list; ip -n refdl-h1 -br addr; ip -n refdl-net -br link",
+                          shell=True, capture_output=True, text=True).stdout  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + "\nhosts:\n" + seen
     ref = tmp_path / "single"
-    ok(train(ref, "--strategy", "single", "--model", "mlp", "--steps", steps, "--eval-every", "0"))
+    fit(RunSpec(strategy="single", model="mlp", steps=steps, eval_every=0, out=str(ref),
+                progress=False))  # in-process  # fmt: skip
     assert_same(params(out), params(ref))
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "completed" and s["hosts"] == {"refdl-h1": [0, 1]}
