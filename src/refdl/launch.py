@@ -112,10 +112,19 @@ def main(argv: list[str] | None = None) -> int:
             from refdl.train import PROG, check_flags
 
             try:
-                check_flags(args.args)
+                spec = check_flags(args.args)
             except UsageError as e:
                 print(f"{PROG}: error: {e}", file=sys.stderr)
                 return 2
+            if args.elastic and spec is not None:
+                from refdl.run.settings import holds_one_state
+
+                if not holds_one_state(spec.strategy, spec.ps_mode):
+                    raise UsageError(
+                        f"--elastic carries a run on by resharding its checkpoint, and "
+                        f"{spec.strategy}'s state (server shards or per-worker replicas) "
+                        "cannot be resharded; run it without --elastic"
+                    )
         if args.elastic:
             from refdl.elastic import elastic
 

@@ -29,10 +29,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from refdl.cli import Parser, given_settings
 from refdl.errors import DivergedError, Interrupted, UsageError, WriteError
 from refdl.parallel.signals import STOPPER, say, signal_exit_status
+
+if TYPE_CHECKING:
+    from refdl.config.spec import RunSpec
 
 # Only light modules above: SIGINT/SIGTERM are handled from the first moments; JAX later.
 PROG = "refdl.train"
@@ -52,18 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_flags(argv: list[str]) -> None:
+def check_flags(argv: list[str]) -> RunSpec | None:
     """The flags' own checks, without training: ``refdl launch`` runs them once, before it
     starts any rank, so bad input is one line and not one per rank (raises UsageError; a
-    bad flag exits 2 from the parser)."""
+    bad flag exits 2 from the parser). The run's spec (None for ``--list``)."""
     args = build_parser().parse_args(argv)
     if getattr(args, "list", False):
-        return
+        return None
     from refdl.config.spec import RunSpec
     from refdl.run.settings import run_settings
 
     settings = run_settings(given_settings(args), getattr(args, "config", None), PROG)
-    RunSpec.from_dict(settings, "the flags")
+    return RunSpec.from_dict(settings, "the flags")
 
 
 def main(argv: list[str] | None = None) -> int:

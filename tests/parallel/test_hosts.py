@@ -126,6 +126,11 @@ def test_mpirun_runs_on_the_first_host_when_this_machine_is_not_one():
         (["--elastic", "--hosts", "a:2", "train", "--resume", "runs/x"], "--elastic starts a run"),
         (["--hosts", "a:2", "--min-hosts", "1", "train"], "--min-hosts is an option of --elastic"),
         (["--hosts", "a:2", "--no-rejoin", "train"], "--no-rejoin is an option of --elastic"),
+        (["--elastic", "--hosts", "a:2", "train", "--strategy", "ps"], "cannot be resharded"),
+        (
+            ["--elastic", "--hosts", "a:2", "train", "--strategy", "decentralized"],
+            "cannot be resharded",
+        ),
     ],
 )
 def test_launch_refuses_bad_hosts_with_one_line(args, says):
@@ -497,8 +502,9 @@ def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts
     atol 1e-6) and lists the restart in the summary. ``fsdp``: its ZeRO-3 shards of 4
     ranks restored onto 2."""
     out = tmp_path / "e"
-    cmd = [sys.executable, "-m", "refdl", "launch", "--elastic", "--hosts", HOSTS,
-           "--launch-agent", AGENT, "train", "--strategy", strategy, "--devices", "4",
+    # --no-rejoin: refdl-h2 answers again at once (only its processes were killed)
+    cmd = [sys.executable, "-m", "refdl", "launch", "--elastic", "--no-rejoin", "--hosts",
+           HOSTS, "--launch-agent", AGENT, "train", "--strategy", strategy, "--devices", "4",
            "--steps", "60", "--out", str(out), "--no-progress", "--timeout", "30"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
@@ -522,6 +528,7 @@ def test_an_elastic_run_carries_on_on_the_host_that_remains(tmp_path, test_hosts
     assert r["checkpoint_step"] >= 20 and 0 <= r["steps_redone"] <= 1, r
     assert 0 < r["seconds_lost"] < 120, r
     assert s["elastic"]["per_rank_batch"] == [s["global_batch"] / 4, s["global_batch"] / 2]
+    assert s["elastic"]["rejoin"] is False
     ref = tmp_path / "single"
     fit(RunSpec(strategy="single", steps=60, out=str(ref), progress=False))  # in-process
     assert_same(params(out), params(ref))

@@ -94,6 +94,15 @@ def resumed_settings(explicit: dict[str, Any]) -> dict[str, Any]:
     return {**base, **explicit}
 
 
+def holds_one_state(strategy: str, ps_mode: str | None = None) -> bool:
+    """Whether ``strategy`` holds one state of the whole model (synchronous; no servers,
+    no per-worker replicas): the states ``--reshard`` moves to another layout."""
+    from refdl.strategies import traits_of
+
+    t = traits_of(strategy)
+    return not (t.replicas or t.has_servers or not t.synchronous_with(ps_mode))
+
+
 def resharded_settings(
     explicit: dict[str, Any], path: Path, saved: dict[str, Any]
 ) -> dict[str, Any]:
@@ -106,14 +115,12 @@ def resharded_settings(
     the seed, the step and the global batch, whatever the data-parallel degree)."""
     from refdl.parallel import processes
     from refdl.run.checkpoint import differing
-    from refdl.strategies import traits_of
 
     old = saved.get("strategy", "single")
     new = explicit.get("strategy", old)
     for name, whose in ((old, "the checkpoint's"), (new, "the new")):
-        t = traits_of(name)
         mode = saved.get("ps_mode") if name == old else explicit.get("ps_mode")
-        if t.replicas or t.has_servers or not t.synchronous_with(mode):
+        if not holds_one_state(name, mode):
             raise UsageError(
                 f"--reshard: {whose} strategy {name} does not hold one state of the whole "
                 "model; resharding moves the state of single, data, fsdp, model, context, "
