@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="with --elastic: stop rather than carry on on fewer hosts (default 1)",
     )
-    p.add_argument("--no-rejoin", action="store_true",
-                   help="with --elastic: keep a lost host out when it answers again")
+    p.add_argument(
+        "--no-rejoin",
+        action="store_true",
+        help="with --elastic: keep a lost host out when it answers again",
+    )
     p.add_argument("command", choices=sorted(COMMANDS), help="the refdl command to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = p.parse_args(argv)
