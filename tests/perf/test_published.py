@@ -410,3 +410,45 @@ def test_a_stated_search_without_its_best_is_refused(tmp_path):
     with pytest.raises(UsageError, match="index of the fastest"):
         load_stated([table], {"s": "heldout"}, "data.toml")
     assert load_stated([{**table, "best": 1}], {"s": "heldout"}, "data.toml")[0].best == 1
+
+
+def test_published_memory_is_what_refdl_predict_prints_and_eager_runs_hold_20_percent():
+    """Issue 52: the [[memory]] rows (torchtitan's Llama 3.1 runs) against the memory
+    ``refdl predict`` prints for the same configuration. The eager bf16 runs are within
+    20 % (+5.6 % and +14.2 % on 2026-11-27); every row keeps its source's words."""
+    from refdl.bench import memory_points as M
+
+    _, split = P.load()
+    points = {p.id: p for p in split["memory"]}
+    assert len(points) >= 12 and all(p.part == "heldout" for p in points.values())
+    p = points["torchtitan-8b-fsdp8"]
+    cmd = [sys.executable, "-m", "refdl", "predict", "--hw", p.hw, "--model-shape", p.shape,
+           "--seq-len", str(p.seq), "--batch-size", str(p.global_batch), "--mesh", p.mesh,
+           "--microbatches", "1", "--recompute", p.remat, "--precision", p.precision,
+           "--json"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["memory_bytes"] == M.predicted_bytes(p)
+    rows = M.evaluate(list(points.values()))
+    for r in rows:
+        assert r["error"] == pytest.approx(r["predicted_gib"] / r["published_gib"] - 1, abs=1e-3)
+    eager = [r for r in rows if r["eager"]]
+    assert len(eager) == 2 and all(abs(r["error"]) <= 0.2 for r in eager), eager
+    s = M.summary(rows)
+    assert s["eager"]["n"] == 2 and s["compiled or float8"]["n"] == len(rows) - 2
+    raw = tomllib.loads((ROOT / "docs" / "published" / "measurements.toml").read_text())
+    for t in raw["memory"]:
+        assert str(t["measured_gib"]) in t["quote"], t["id"]
+
+
+def test_a_memory_row_without_its_figure_is_refused_with_one_line():
+    from refdl.bench.memory_points import load_memory
+
+    row = {"id": "m", "source": "s", "hw": "h100-nvlink", "shape": "layers=2,d_model=64,heads=4",
+           "workers": 8, "mesh": "fsdp=8", "global_batch": 8, "seq": 128, "remat": "none",
+           "precision": "bf16", "measures": "peak", "eager": True}  # fmt: skip
+    with pytest.raises(UsageError, match=r"\[\[memory\]\] m: no measured_gib"):
+        load_memory([row], {"s": "heldout"}, "data.toml")
+    with pytest.raises(UsageError, match="unknown keys"):
+        load_memory([{**row, "measured_gib": 1.0, "gib": 2}], {"s": "heldout"}, "data.toml")
+    assert load_memory([{**row, "measured_gib": 1.0}], {"s": "heldout"}, "d")[0].eager

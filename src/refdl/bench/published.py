@@ -79,7 +79,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     if not raw.get("point"):
         raise UsageError(f"--data {path}: no [[point]] tables; give a measurements file "
                          f"such as {DATA}")  # fmt: skip
-    from refdl.bench import parallel_points, searches  # (JAX: after a bad file is answered)
+    from refdl.bench import memory_points, parallel_points, searches  # (JAX: after a bad file)
 
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
     parallel_points.register_shapes(raw.get("shape", []), str(path))
@@ -112,7 +112,8 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
             )
         )
     stated = searches.load_stated(raw.get("search", []), parts, str(path))
-    split = {**raw.get("split", {}), "stated_searches": stated}
+    memory = memory_points.load_memory(raw.get("memory", []), parts, str(path))
+    split = {**raw.get("split", {}), "stated_searches": stated, "memory": memory}
     return points, split
 
 
@@ -583,11 +584,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    from refdl.bench import searches
+    from refdl.bench import memory_points, searches
 
     s = summary(rows)
     ranked = searches.measured(rows) + searches.stated(_split["stated_searches"], stated_time)
     s["searches"] = {**searches.summary(ranked), "cases": ranked}
+    memory = memory_points.evaluate(_split["memory"])
+    s["memory"] = {**memory_points.summary(memory), "rows": memory}
     if args.plot:
         from refdl import plots
 
@@ -627,4 +630,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{_fmt(t['best_in_tie_set'])}, the set {_fmt(t['mean_tie_set_share'])} of the "
           f"candidates; {_fmt(t['pairs_within_band'])} of {t['pairs']} measured pairs' ratios "
           "within the band")  # fmt: skip
+    if memory:
+        print("\n".join(memory_points.lines(memory, memory_points.summary(memory))))
     return 0
