@@ -23,6 +23,19 @@ MIXTRAL = {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidde
 GPT2 = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "vocab_size": 50257,
         "activation_function": "gelu_new"}  # fmt: skip
 SHAPE = "layers=42,d_model=5120,heads=40,kv_heads=8,ffn=13824,vocab=32000,glu=1"
+# DeepSeek-V2's and -V3's config.json (deepseek-ai/DeepSeek-V2, -V3), the keys a shape reads
+DEEPSEEK_V2 = {"architectures": ["DeepseekV2ForCausalLM"], "first_k_dense_replace": 1,
+               "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 12288,
+               "kv_lora_rank": 512, "moe_intermediate_size": 1536, "n_routed_experts": 160,
+               "n_shared_experts": 2, "num_attention_heads": 128, "num_experts_per_tok": 6,
+               "num_hidden_layers": 60, "num_key_value_heads": 128, "q_lora_rank": 1536,
+               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "tie_word_embeddings": False,
+               "v_head_dim": 128, "vocab_size": 102400}  # fmt: skip
+DEEPSEEK_V3 = {**DEEPSEEK_V2, "architectures": ["DeepseekV3ForCausalLM"],
+               "first_k_dense_replace": 3, "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+               "num_experts_per_tok": 8, "num_hidden_layers": 61, "vocab_size": 129280,
+               "num_nextn_predict_layers": 1}  # fmt: skip
 
 
 def test_a_shape_counts_as_the_published_models_do(tmp_path):
@@ -53,6 +66,35 @@ def test_a_shape_counts_as_the_published_models_do(tmp_path):
     assert TRANSFORMERS.get(register(tied)).shape == tied  # never another shape's name
 
 
+def test_deepseeks_latent_attention_and_dense_first_layers_count_as_its_reports_do(tmp_path):
+    """DeepSeek-V2: 236 B parameters, 21 B active per token; DeepSeek-V3: 671 B, 37 B (the
+    reports' abstracts; V3's multi-token-prediction module left out, as its total does).
+    Multi-head latent attention's projections and the dense first layers are counted."""
+    got = {}
+    for name, cfg in (("v2", DEEPSEEK_V2), ("v3", DEEPSEEK_V3)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+        got[name] = shape_from_config(str(tmp_path / f"{name}.json"), 4096)
+    v2, v3 = got["v2"], got["v3"]
+    assert abs(v2.params / 236e9 - 1) < 0.005 and abs(v2.active_params() / 21e9 - 1) < 0.03
+    assert abs(v3.params / 671e9 - 1) < 0.001 and abs(v3.active_params() / 37e9 - 1) < 0.03
+    assert (v3.dense_layers, v3.dense_ffn, v3.kv_lora, v3.q_lora, v3.rope_dim) == (
+        3, 18432, 512, 1536, 64)  # fmt: skip
+    # one layer of latent attention, by hand: q down and up (and the latent's norm), kv
+    # down with the shared rotary key, its norm, kv up, out
+    h, n = 7168, 128
+    attn = h * 1536 + 1536 + 1536 * n * 192 + h * 576 + 512 + 512 * n * 256 + n * 128 * h
+    assert v3.attention_params() == attn == 187_107_328
+    assert "latent attention (kv 512, q 1536), 3 dense first layers" in describe(v3)
+    text = ("layers=61,d_model=7168,heads=128,kv_heads=128,head_dim=128,ffn=2048,experts=256,"
+            "top_k=8,shared_experts=1,dense_layers=3,dense_ffn=18432,q_lora=1536,kv_lora=512,"
+            "rope_dim=64,v_head_dim=128,vocab=129280,glu=1")  # fmt: skip
+    assert parse_shape(text, 4096) == v3
+    # scores see the rotary part: 2 s^2 heads (192 + 128) a layer, against GQA's 4 s^2 d_q
+    plain = parse_shape("layers=2,d_model=64,heads=4,vocab=100", 16)
+    assert plain.layer_forward_flops() == 2 * 16 * plain.attention_params() + 4 * 16**2 * 64 + (
+        2 * 16 * plain.mlp_params())  # fmt: skip
+
+
 @pytest.mark.parametrize("text,message", [
     ("layers=2,dmodel=8", "'dmodel=8' is not KEY=VALUE"),
     ("layers=2,d_model=8", "heads missing"),
@@ -60,6 +102,9 @@ def test_a_shape_counts_as_the_published_models_do(tmp_path):
     ("layers=2,d_model=8,heads=2,glu=2", "glu is 0 or 1"),
     ("layers=x,d_model=8,heads=2", "layers='x' is not a number"),
     ("layers=2,d_model=8,heads=2,shared_experts=1", "shared_experts needs experts"),
+    ("layers=2,d_model=8,heads=2,dense_layers=1", "dense_layers and dense_ffn need experts"),
+    ("layers=2,d_model=8,heads=2,experts=4,dense_layers=2", "dense_layers must be below"),
+    ("layers=2,d_model=8,heads=2,rope_dim=4", "give kv_lora too"),
 ])  # fmt: skip
 def test_a_bad_shape_is_one_line(text, message):
     with pytest.raises(UsageError, match=message):

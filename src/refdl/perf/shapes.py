@@ -6,7 +6,8 @@ The shape becomes a ``TransformerShape`` (``refdl.perf.transformer``), registere
 name that spells it, so that every formula prices it as it prices the zoo's GPT-3 and
 Llama 3. Its parameters and FLOPs are those closed forms: Narayanan et al.'s count
 (``6N`` per token plus attention's ``12 l s h``), extended to grouped-query attention,
-SwiGLU's three matrices and routed and shared experts. ``describe`` says them in a line.
+SwiGLU's three matrices, routed and shared experts, dense first layers and multi-head
+latent attention (DeepSeek-V2/V3). ``describe`` says them in a line.
 
 A user's shape is modern by default: untied embeddings and rotary positions (no position
 table); ``tied=1`` and ``positions=1`` give GPT's. A config file is read as data: JSON
@@ -28,7 +29,9 @@ KEYS = {"layers": "layers", "d_model": "d_model", "heads": "heads", "kv_heads": 
         "ffn": "ffn", "vocab": "vocab", "head_dim": "head_dim", "experts": "experts",
         "top_k": "top_k", "shared_experts": "shared_experts",
         "capacity_factor": "capacity_factor", "glu": "gated", "tied": "tied",
-        "positions": "positions", "seq": "seq"}  # fmt: skip
+        "positions": "positions", "seq": "seq", "dense_layers": "dense_layers",
+        "dense_ffn": "dense_ffn", "q_lora": "q_lora", "kv_lora": "kv_lora",
+        "rope_dim": "rope_dim", "v_head_dim": "v_head_dim"}  # fmt: skip
 FLAGS = ("glu", "tied", "positions")
 REQUIRED = ("layers", "d_model", "heads")
 DEFAULT_VOCAB = 32000  # Llama 2's and Mistral's tokenizer, where no vocab is given
@@ -45,6 +48,11 @@ HF = {
     "experts": ("num_local_experts", "n_routed_experts", "num_experts"),
     "top_k": ("num_experts_per_tok",),
     "shared_experts": ("n_shared_experts",),
+    "dense_layers": ("first_k_dense_replace",),  # DeepSeek's dense first layers
+    "q_lora": ("q_lora_rank",),  # DeepSeek's latent attention (None: no query latent)
+    "kv_lora": ("kv_lora_rank",),
+    "rope_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
 }
 
 
@@ -81,7 +89,10 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     ``moe_intermediate_size``), experts, vocabulary, a gated MLP from ``hidden_act``
     (SwiGLU; Gemma's GeGLU). The sequence is ``seq_len`` or 2,048: a config's
     ``max_position_embeddings`` is the longest context, not the training length. Not
-    read: DeepSeek's dense first layers and MLA attention (priced as plain MoE layers)."""
+    read too: DeepSeek's dense first layers (``first_k_dense_replace``, of
+    ``intermediate_size``) and latent attention (``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``). Its multi-token
+    prediction module is not counted (its reports' totals leave it out)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--model-shape-file {path}: no such file")
@@ -103,6 +114,13 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     ffn = ffn or cfg.get("intermediate_size") or cfg.get("n_inner")
     if isinstance(ffn, int):
         values["ffn"] = ffn
+    if values.get("kv_lora") and isinstance(cfg.get("qk_nope_head_dim"), int):
+        values["head_dim"] = cfg["qk_nope_head_dim"]  # latent attention's per-head query/key
+    if experts and values.get("dense_layers") and isinstance(cfg.get("intermediate_size"), int):
+        values["dense_ffn"] = cfg["intermediate_size"]
+    if not values.get("kv_lora"):
+        for k in ("q_lora", "rope_dim", "v_head_dim"):
+            values.pop(k, None)
     act_keys = ("hidden_activation", "hidden_act", "activation_function")
     act = str(next((cfg[k] for k in act_keys if k in cfg), ""))
     gemma = any("Gemma" in str(a) for a in cfg.get("architectures") or [])
@@ -110,8 +128,8 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     values["tied"] = bool(cfg.get("tie_word_embeddings", True))  # Hugging Face's default
     values["positions"] = "n_positions" in cfg  # GPT-2's learned table; else rotary
     if not experts:
-        values.pop("top_k", None)
-        values.pop("shared_experts", None)
+        for k in ("top_k", "shared_experts", "dense_layers"):
+            values.pop(k, None)
     return _shape(values, seq_len, f"--model-shape-file {path}")
 
 
@@ -146,16 +164,20 @@ def register(shape: TransformerShape) -> str:
 def describe(shape: TransformerShape) -> str:
     """The count in a line: parameters (and those active per token), training FLOPs per
     token, and what the shape assumed."""
-    active = shape.params - shape.expert_params()
-    if shape.experts:
-        active += shape.layers * shape.top_k * shape.mlp_params()
+    active = shape.active_params()
     per_token = shape.flops_per_sequence() / shape.seq
     moe = f", {active / 1e9:.3g} B active per token" if shape.experts else ""
     return (f"{shape.params / 1e9:.3g} B parameters{moe}; {per_token / 1e9:.3g} GFLOP per "
             f"token to train (forward and backward, closed form); vocab {shape.vocab:,}, "
             f"{shape.seq:,} tokens, {'SwiGLU' if shape.gated else 'GELU'}, "
             f"{'tied' if shape.tied else 'untied'} embeddings, "
-            f"{'learned' if shape.positions else 'rotary'} positions")  # fmt: skip
+            f"{'learned' if shape.positions else 'rotary'} positions{_extras(shape)}")  # fmt: skip
+
+
+def _extras(shape: TransformerShape) -> str:
+    """Latent attention and dense first layers, where the shape has them."""
+    out = f", latent attention (kv {shape.kv_lora}, q {shape.q_lora})" if shape.kv_lora else ""
+    return out + (f", {shape.dense_layers} dense first layers" if shape.dense_layers else "")
 
 
 def model_named(model: str | None, shape: str | None, shape_file: str | None,

@@ -51,8 +51,12 @@ class TransformerShape:
     embedding) by default; ``gated`` for SwiGLU's three matrices, ``kv_heads`` < heads
     for grouped-query attention, ``experts`` > 0 for a mixture-of-experts MLP in
     every layer (``top_k`` experts per token, ``capacity_factor`` slots per routed
-    token; 1.0 also stands for dropless routing), ``head_dim`` where heads x head_dim is
-    not d_model (Qwen3's)."""
+    token; 1.0 also stands for dropless routing) but the first ``dense_layers`` (a dense
+    MLP of ``dense_ffn``: DeepSeek's), ``head_dim`` where heads x head_dim is not
+    d_model (Qwen3's). ``kv_lora`` > 0 is multi-head latent attention (DeepSeek-V2/V3):
+    keys and values from a ``kv_lora``-wide latent, queries from a ``q_lora``-wide one
+    (0: straight from the residual stream), ``head_dim`` + ``rope_dim`` per query/key
+    head and ``v_head_dim`` per value head."""
 
     layers: int
     d_model: int
@@ -69,6 +73,12 @@ class TransformerShape:
     tied: bool = True
     positions: bool = True
     shared_experts: int = 0  # always-active experts beside the routed ones (DeepSeek's)
+    dense_layers: int = 0  # with experts: the first layers' MLPs are dense (DeepSeek's)
+    dense_ffn: int = 0  # their width (0: ffn)
+    q_lora: int = 0  # multi-head latent attention (kv_lora > 0): the queries' latent
+    kv_lora: int = 0  # the keys' and values' latent
+    rope_dim: int = 0  # rotary part of a query/key head, beside head_dim
+    v_head_dim: int = 0  # a value head (0: head_dim)
 
     def __post_init__(self) -> None:
         for name in ("layers", "d_model", "heads", "seq", "vocab"):
@@ -81,6 +91,14 @@ class TransformerShape:
             raise UsageError(f"transformer shape: top_k must be in 1..experts ({self.experts})")
         if self.shared_experts and not self.experts:
             raise UsageError("transformer shape: shared_experts needs experts (routed ones)")
+        if (self.dense_layers or self.dense_ffn) and not self.experts:
+            raise UsageError("transformer shape: dense_layers and dense_ffn need experts")
+        if self.dense_layers >= self.layers:
+            raise UsageError(f"transformer shape: dense_layers must be below layers "
+                             f"({self.layers})")  # fmt: skip
+        if (self.q_lora or self.rope_dim or self.v_head_dim) and not self.kv_lora:
+            raise UsageError("transformer shape: q_lora, rope_dim and v_head_dim are latent "
+                             "attention's; give kv_lora too")  # fmt: skip
 
     @property
     def hidden(self) -> int:
@@ -101,6 +119,26 @@ class TransformerShape:
         return (self.kv_heads or self.heads) * self.d_head
 
     @property
+    def d_qk(self) -> int:
+        """Width of the queries as the scores see them (latent attention adds the rotary
+        part of each head)."""
+        return self.heads * (self.d_head + self.rope_dim)
+
+    @property
+    def d_v(self) -> int:
+        """Width of the values as the heads weigh them (and of the attention output)."""
+        return self.heads * (self.v_head_dim or self.d_head)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the experts'."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    def dense_mlp_params(self) -> int:
+        """A dense layer's MLP among experts' layers (``dense_ffn`` wide)."""
+        return (3 if self.gated else 2) * self.d_model * (self.dense_ffn or self.hidden)
+
+    @property
     def routed(self) -> float:
         """MLP passes per token: with experts, the slots of a sequence over its tokens,
         ``E x min(s, ceil(capacity_factor x s x top_k / E)) / s`` (refdl's per-sequence
@@ -112,47 +150,65 @@ class TransformerShape:
 
     @property
     def mlp_passes(self) -> float:
-        """MLP passes per token: the routed ones and every shared expert's."""
-        return self.routed + self.shared_experts
+        """MLP passes per token and layer, in MLPs of ``ffn``: the routed ones and every
+        shared expert's, averaged with the dense first layers' (of ``dense_ffn``)."""
+        if not self.dense_layers:
+            return self.routed + self.shared_experts
+        dense = self.dense_layers * self.dense_mlp_params() / self.mlp_params()
+        return (dense + self.moe_layers * (self.routed + self.shared_experts)) / self.layers
 
     def mlp_params(self) -> int:
         return (3 if self.gated else 2) * self.d_model * self.hidden
 
     def attention_params(self) -> int:
-        return 2 * self.d_model * (self.d_q + self.d_kv)
+        """Q, K, V and the output projection; latent attention's down- and
+        up-projections and its latents' norms (DeepSeek-V2, section 2.1)."""
+        h = self.d_model
+        if not self.kv_lora:
+            return 2 * h * (self.d_q + self.d_kv)
+        q = h * self.d_qk if not self.q_lora else h * self.q_lora + self.q_lora * (1 + self.d_qk)
+        kv = h * (self.kv_lora + self.rope_dim) + self.kv_lora
+        kv += self.kv_lora * (self.heads * self.d_head + self.d_v)
+        return q + kv + self.d_v * h
 
     def expert_params(self) -> int:
-        """Parameters the expert axis splits: every layer's experts."""
-        return self.layers * self.experts * self.mlp_params() if self.experts else 0
+        """Parameters the expert axis splits: every expert layer's experts."""
+        return self.moe_layers * self.experts * self.mlp_params()
 
     def dense_params(self) -> int:
-        """Every other parameter: attention, norms, router, embeddings (and the MLPs of a
-        dense model)."""
+        """Every other parameter: attention, norms, router, embeddings, the MLPs of a
+        dense model or of the dense first layers, shared experts."""
         h = self.d_model
-        per_layer = self.attention_params() + 4 * h
-        per_layer += self.experts * h if self.experts else self.mlp_params()
-        per_layer += self.shared_experts * self.mlp_params()  # dense: every token's
+        dense = self.dense_layers if self.experts else self.layers
+        mlps = dense * (self.dense_mlp_params() if self.experts else self.mlp_params())
+        mlps += self.moe_layers * (self.experts * h + self.shared_experts * self.mlp_params())
         embed = self.vocab * h * (1 if self.tied else 2) + (self.seq * h if self.positions else 0)
-        return self.layers * per_layer + embed + 2 * h
+        return self.layers * (self.attention_params() + 4 * h) + mlps + embed + 2 * h
+
+    def active_params(self) -> int:
+        """Parameters a token passes through: all but the experts it is not routed to."""
+        return self.params - self.expert_params() + self.moe_layers * self.top_k * self.mlp_params()
 
     @property
     def params(self) -> int:
         return self.dense_params() + self.expert_params()
 
     def layer_forward_flops(self) -> float:
-        """One layer's forward on one sequence: products, scores and values, router."""
+        """One layer's forward on one sequence (the mean over layers where the first are
+        dense): products, scores and values, router."""
         s, h = self.seq, self.d_model
-        f = 2 * s * self.attention_params() + 4 * s * s * self.d_q
+        f = 2 * s * self.attention_params() + 2 * s * s * (self.d_qk + self.d_v)
         f += 2 * s * self.mlp_params() * self.mlp_passes
         if self.experts:
-            f += 2 * s * h * self.experts
+            f += 2 * s * h * self.experts * self.moe_layers / self.layers
         return float(f)
 
     def flops_per_sequence(self, remat: str = "none") -> float:
         """Forward, backward and ``remat``'s recomputation of one sequence (Narayanan's
         eq. 3 with ``remat="full"``: ``96 s l h^2 (1 + s/6h + V/16lh)`` for GPT)."""
         layer = self.layer_forward_flops()
-        extra = {"none": 0.0, "full": layer, "selective": 4.0 * self.seq**2 * self.d_q}
+        core = 2.0 * self.seq**2 * (self.d_qk + self.d_v)  # scores and values
+        extra = {"none": 0.0, "full": layer, "selective": core}
         if remat not in extra:
             raise UsageError(f"unknown --remat {remat!r}; choose none, selective or full")
         logits = 2.0 * self.seq * self.d_model * self.vocab
