@@ -63,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, fewer mesh axes, plainer schedule, less "
                    "recomputation; default) or time")  # fmt: skip
+    p.add_argument("--lossy", action="store_true",
+                   help="also price data's compressed gradient exchanges (top-1 %% by "
+                        "SparCML's sparse allreduce, with 4-bit values too, QSGD, TernGrad, "
+                        "sign), which change the training")  # fmt: skip
     p.add_argument("--json", action="store_true", help='{"configurations": [...]}, best first')
     p.add_argument("--plot", metavar="FILE.png", help="the top configurations' terms")
     p.add_argument("--run", action="store_true",
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len, top=args.top, precisions=precisions or None,
             memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
             optimizer=args.optimizer, library=args.library, runnable_only=args.run,
-            ties=args.ties,
+            ties=args.ties, lossy=args.lossy,
         )  # fmt: skip
         if not record["configurations"]:
             raise UsageError(

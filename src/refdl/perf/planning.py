@@ -89,6 +89,8 @@ def row(p: Any, transformer: bool, strategies: Mapping[str, Traits],
         "dominant_share": p.terms[p.dominant] / total if total else None,
         "terms_s": p.terms,
         "train_flags": c.train_flags(transformer, strategies) if runs else None,
+        "compress": c.compress or None,
+        "allreduce": ("sparse" if c.sparse else "ring") if c.compress else None,
         "description": c.describe(),
     }
 
@@ -98,8 +100,9 @@ def row(p: Any, transformer: bool, strategies: Mapping[str, Traits],
 # held-out part, 29 searches): the source's fastest first in 41 % / 69 % of them, in the
 # first 3 in 90 % / 86 %, simplest / time.
 TIE_ORDERS = {
-    "simplest": "memory headroom (at most 90 % of the limit), fewer mesh axes, plainer "
-    "schedule, less recomputation, then the predicted step",
+    "simplest": "memory headroom (at most 90 % of the limit), exact before compressed "
+    "gradients, fewer mesh axes, plainer schedule, less recomputation, then the predicted "
+    "step",
     "time": "the predicted step",
 }
 
@@ -119,12 +122,14 @@ def plan_configurations(
     library: str | None = None,
     runnable_only: bool = False,
     ties: str = "simplest",
+    lossy: bool = False,
 ) -> tuple[dict[str, Any], Any]:
     """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
     ``memory_limit``: bytes per device (default: the device's); ``runnable_only``: only
     what ``refdl train`` runs; ``ties``: the order of the configurations the model cannot
-    rank by time (``TIE_ORDERS``)."""
+    rank by time (``TIE_ORDERS``); ``lossy``: data's compressed exchanges priced too
+    (``search.LOSSY``; they change the training)."""
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -150,6 +155,7 @@ def plan_configurations(
         cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
         optimizer_words=OPTIMIZER_WORDS[optimizer], library=library,
         runnable_only=runnable_only, strategies=strategies, muon=optimizer == "muon",
+        lossy=lossy,
     )  # fmt: skip
     result = planner.search(top)
     seconds = time.perf_counter() - t0
@@ -178,6 +184,7 @@ def plan_configurations(
         "indistinguishable_from_best_count": result.tied,
         "ties": ties,
         "tie_order": TIE_ORDERS[ties],
+        "lossy": lossy,
     }
     if result.found:
         fastest = result.found[0].step_time_s
@@ -188,6 +195,6 @@ def plan_configurations(
         both_tied = ties == "simplest" and a in result.tie_set and b in result.tie_set
         record["why_first"] = (f"as fast as the next within the model's paired error, and "
                                f"{why_plainer(a, b, limit)}" if both_tied and plainness(
-                                   a, limit)[:4] != plainness(b, limit)[:4]
+                                   a, limit)[:5] != plainness(b, limit)[:5]
                                else why_first(a, b))  # fmt: skip
     return record, result

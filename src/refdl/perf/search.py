@@ -39,10 +39,11 @@ from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
-from refdl.perf import PredictOptions, intervals, muon
+from refdl.perf import PredictOptions, architectures, intervals, muon
 from refdl.perf.costs import formula_of, link_of
 from refdl.perf.model_cost import ModelCost
 from refdl.perf.muon import SCHEMES
+from refdl.perf.overlap import DDP_BUCKET_BYTES
 
 REMATS = ("none", "selective", "full")
 # Ties: two configurations whose predicted steps differ by less than this factor cannot
@@ -70,6 +71,8 @@ class Config:
     cp: str = "ring"
     muon: str = ""  # optimizer muon: how whole matrices are reached (Planner.muon_scheme)
     uneven: bool = False  # pipe does not divide the layers (refdl.perf.transformer.stage_layers)
+    compress: str = ""  # data's compressed exchange (--compress; lossy: Planner's LOSSY)
+    sparse: bool = False  # its top-k pairs summed by SparCML's allreduce (--allreduce sparse)
 
     def strategy(self, transformer: bool, owners: Mapping[str, Traits]) -> str:
         """The strategy that runs it (and whose cost formula prices it), asked of the
@@ -112,6 +115,9 @@ class Config:
             parts.append(f"remat {self.remat}")
         if self.muon:
             parts.append(f"muon {self.muon}")
+        if self.compress:
+            by = "SparCML's sparse allreduce" if self.sparse else "all-gathered"
+            parts.append(f"gradients {self.compress} ({by}; changes the training)")
         parts.append(self.precision)
         return ", ".join(parts)
 
@@ -150,6 +156,9 @@ class Config:
             flags += ["--optimizer", "muon"]
             if "muon" in traits.options and self.muon in SCHEMES:
                 flags += ["--muon", self.muon]
+        if self.compress:
+            flags += ["--compress", self.compress, *(["--allreduce", "sparse"] if self.sparse
+                                                      else [])]  # fmt: skip
         return [*flags, "--remat", self.remat, "--precision", self.precision]
 
 
@@ -199,10 +208,11 @@ def layout_plainness(mesh: MeshSpec, schedule: str, remat: str) -> tuple[int, in
     return axes, SCHEDULE_RANK.get(schedule, 2) if mesh.pipe > 1 else 0, REMAT_RANK.get(remat, 2)
 
 
-def plainness(p: Priced, limit: float) -> tuple[bool, int, int, int, float]:
-    """The secondary order of a tie set, smallest first (see ``HEADROOM``)."""
+def plainness(p: Priced, limit: float) -> tuple[bool, bool, int, int, int, float]:
+    """The secondary order of a tie set, smallest first (see ``HEADROOM``): a compressed
+    exchange, which changes the training, comes after every exact configuration."""
     c = p.config
-    return (p.memory_bytes > HEADROOM * limit,
+    return (p.memory_bytes > HEADROOM * limit, bool(c.compress),
             *layout_plainness(c.mesh, c.schedule, c.remat), p.step_time_s)  # fmt: skip
 
 
@@ -213,10 +223,12 @@ def why_plainer(a: Priced, b: Priced, limit: float) -> str:
         return (f"leaves memory headroom ({a.memory_bytes / limit:.0%} of the limit, the next "
                 f"{b.memory_bytes / limit:.0%})")  # fmt: skip
     if ka[1] != kb[1]:
-        return f"uses fewer mesh axes ({ka[1]}, the next {kb[1]})"
+        return f"trains exactly (the next compresses its gradients: {b.config.compress})"
     if ka[2] != kb[2]:
-        return f"has a plainer schedule ({a.config.schedule}, the next {b.config.schedule})"
+        return f"uses fewer mesh axes ({ka[2]}, the next {kb[2]})"
     if ka[3] != kb[3]:
+        return f"has a plainer schedule ({a.config.schedule}, the next {b.config.schedule})"
+    if ka[4] != kb[4]:
         return f"recomputes less ({a.config.remat}, the next {b.config.remat})"
     return "is predicted faster"
 
@@ -271,6 +283,14 @@ def schedules(p: int, m: int, layers: int) -> list[tuple[str, int]]:
     return out
 
 
+# data's compressed exchanges ``refdl plan --lossy`` prices beside the exact layouts, as
+# refdl train runs them (--compress, --allreduce sparse): SparCML's top-1 % sparse
+# allreduce, with 4-bit values too, and QSGD's, TernGrad's and signSGD's all-gathered
+# payloads. Each changes the training: what it saves must be weighed against accuracy.
+LOSSY = (("topk:0.01", True), ("topk:0.01,q4", True), ("qsgd:16", False),
+         ("terngrad", False), ("sign", False))  # fmt: skip
+
+
 class Planner:
     """Prices the configurations of ``model`` (a ``ModelCost``) on ``profile`` at a global
     ``batch`` over ``devices`` (see the module's docstring)."""
@@ -289,6 +309,7 @@ class Planner:
         runnable_only: bool = False,
         strategies: Mapping[str, Traits],
         muon: bool = False,
+        lossy: bool = False,
     ) -> None:
         self.m, self.profile, self.n, self.batch = model, profile, devices, batch
         self.owners = strategies  # the registered strategies' traits, by name
@@ -301,14 +322,17 @@ class Planner:
         self.precisions = precisions or (("fp32", "bf16") if faster else ("fp32",))
         self.words, self.library, self.runnable_only = optimizer_words, library, runnable_only
         self.muon = muon  # optimizer muon: each configuration's Newton-Schulz priced
+        self.lossy = lossy  # data's compressed exchanges (LOSSY) priced beside the exact ones
         self._views: dict[str, Any] = {}
         self.priced = self.too_big = self.mesh_count = 0
 
     def view(self, precision: str) -> Any:
-        """The profile's expected figures for ``precision`` (cached)."""
+        """The profile's expected figures for ``precision`` (cached), with the
+        architecture's factor for a convolutional model, as ``refdl predict`` prices it."""
         if precision not in self._views:
+            arch = architectures.factor(self.m.name) if self.m.op_class == "conv" else 1.0
             self._views[precision] = self.profile.view(
-                "expected", precision, self.m.op_class, self.library
+                "expected", precision, self.m.op_class, self.library, arch
             )
         return self._views[precision]
 
@@ -359,6 +383,9 @@ class Planner:
                                   uneven=bool(layers % mesh.pipe))  # fmt: skip
                     if mesh.pipe == 1:
                         yield base
+                        if self.lossy and self.shape is None and mesh.data == mesh.size > 1:
+                            for text, sparse in LOSSY:
+                                yield dataclasses.replace(base, compress=text, sparse=sparse)
                         continue
                     for m in mb_choices(per):
                         if m < mesh.pipe:
@@ -396,7 +423,11 @@ class Planner:
             mesh=c.mesh.text(), microbatches=c.microbatches, schedule=c.schedule,
             chunks=c.chunks, zero=c.zero or 3, data_zero=c.zero if self.shape else 0,
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
-            remat=c.remat, precision=c.precision,
+            remat=c.remat, precision=c.precision, compress=c.compress or None,
+            allreduce="sparse" if c.sparse else "ring",
+            # the frameworks' bucketed overlap where the profile has achieved figures, as
+            # refdl predict's expectation (refdl.perf.prediction)
+            bucket_mb=DDP_BUCKET_BYTES / 2**20 if self.profile.achieved is not None else 0.0,
         )  # fmt: skip
         strategy = c.strategy(self.shape is not None, self.owners)
         formula = formula_of(self.owners[strategy])
