@@ -83,6 +83,7 @@ def test_every_configuration_fits_its_memory_limit_and_nothing_fitting_is_one_li
         (["--optimizer", "lamb"], "unknown --optimizer"),
         (["--precision", "fp8"], "--precision fp8"),
         (["--seq-len", "128", "--model", "mlp"], "--seq-len is for transformers"),
+        (["--lossy"], "--lossy prices data's compressed exchanges"),
     ],
 )
 def test_bad_input_is_one_line(args, says):

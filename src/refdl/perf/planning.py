@@ -150,6 +150,10 @@ def plan_configurations(
         profile.dtype_for(p)  # one line where the device has no such precision
     limit = memory_limit if memory_limit is not None else device.memory_bytes
     cost = model_of(model, seq_len)
+    if lossy and cost.transformer is not None:
+        raise UsageError(f"--lossy prices data's compressed exchanges for models priced by "
+                         f"their compiled step (mlp, lenet5, resnet, vgg ...); {model} is "
+                         "priced by the transformer formula, which has none")  # fmt: skip
     t0 = time.perf_counter()
     planner = Planner(
         cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
