@@ -198,28 +198,35 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
         done = summary.get("last_step_done")
         lost_at = summary.get("lost_at_unix")
         lost_at = lost_at if isinstance(lost_at, int | float) else time.time()
-        ranks_before, ranks_after = sum(h.slots for h in current), sum(h.slots for h in alive)
-        restarts.append({
-            "at": datetime.datetime.fromtimestamp(lost_at, datetime.UTC).isoformat(),
-            "lost_hosts": [h.name for h in lost],
-            "returned_hosts": [],
-            "hosts_after": {h.name: h.slots for h in alive},
-            "ranks": [ranks_before, ranks_after],
-            "step_reached": done if isinstance(done, int) else None,
-            "checkpoint_step": step,
-            "steps_redone": max(0, done - step) if isinstance(done, int) else None,
-            "lost_at_unix": lost_at,
-            "seconds_lost": None,
-        })  # fmt: skip
+        restarts.append(_restart(lost_at, lost, [], current, alive, done, step))
         print(f"refdl.launch: {', '.join(h.name for h in lost) or 'ranks'} lost after step "
               f"{done if done is not None else '?'}; carrying on on "
-              f"{','.join(f'{h.name}:{h.slots}' for h in alive)} from {last} ({ranks_after} "
-              "ranks, the same global batch)", file=sys.stderr, flush=True)  # fmt: skip
+              f"{','.join(f'{h.name}:{h.slots}' for h in alive)} from {last} "
+              f"({restarts[-1]['ranks'][1]} ranks, the same global batch)", file=sys.stderr,
+              flush=True)  # fmt: skip
         run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
         current = alive
     if restarts:
         _record(out, summary, restarts, hosts, current, rejoin)
     return 0
+
+
+def _restart(at: float, lost: list[Host], back: list[Host], before: list[Host],
+             after: list[Host], done: Any, step: int) -> dict[str, Any]:  # fmt: skip
+    """A restart as the summary lists it (``seconds_lost`` filled in once the next launch
+    has stepped)."""
+    return {
+        "at": datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(),
+        "lost_hosts": [h.name for h in lost],
+        "returned_hosts": [h.name for h in back],
+        "hosts_after": {h.name: h.slots for h in after},
+        "ranks": [sum(h.slots for h in before), sum(h.slots for h in after)],
+        "step_reached": done if isinstance(done, int) else None,
+        "checkpoint_step": step,
+        "steps_redone": max(0, done - step) if isinstance(done, int) else None,
+        "lost_at_unix": at,
+        "seconds_lost": None,
+    }
 
 
 def _take_back(hosts: list[Host], current: list[Host], back: list[Host],
@@ -231,19 +238,7 @@ def _take_back(hosts: list[Host], current: list[Host], back: list[Host],
     last = summary.get("last_checkpoint") or _newest(out)
     step = int(Path(str(last)).name.removeprefix("step_")) if last else 0
     done = summary.get("last_step_done", summary.get("steps"))
-    now = time.time()
-    restarts.append({
-        "at": datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
-        "lost_hosts": [],
-        "returned_hosts": [h.name for h in back],
-        "hosts_after": {h.name: h.slots for h in larger},
-        "ranks": [sum(h.slots for h in current), sum(h.slots for h in larger)],
-        "step_reached": done if isinstance(done, int) else None,
-        "checkpoint_step": step,
-        "steps_redone": max(0, done - step) if isinstance(done, int) else None,
-        "lost_at_unix": now,
-        "seconds_lost": None,
-    })  # fmt: skip
+    restarts.append(_restart(time.time(), [], back, current, larger, done, step))
     print(f"refdl.launch: {', '.join(h.name for h in back)} answers again; stopped after "
           f"step {done if done is not None else '?'} and carrying on on "
           f"{','.join(f'{h.name}:{h.slots}' for h in larger)} from {last} "
