@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         if problem := Int(min=1, max=1 << 30).problem(args.steps):
             raise UsageError(f"--steps must be {problem}")
+        if args.lossy and (args.model_shape or args.model_shape_file):  # (named: planning's)
+            raise UsageError("--lossy prices data's compressed exchanges for models priced by "
+                             "their compiled step (mlp, lenet5, resnet, vgg ...); a shape is "
+                             "priced by the transformer formula, which has none")  # fmt: skip
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

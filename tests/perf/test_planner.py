@@ -83,12 +83,16 @@ def test_every_configuration_fits_its_memory_limit_and_nothing_fitting_is_one_li
         (["--optimizer", "lamb"], "unknown --optimizer"),
         (["--precision", "fp8"], "--precision fp8"),
         (["--seq-len", "128", "--model", "mlp"], "--seq-len is for transformers"),
-        (["--lossy"], "--lossy prices data's compressed exchanges"),
+        (
+            ["--model-shape", "layers=2,d_model=64,heads=4", "--lossy"],
+            "--lossy prices data's compressed exchanges",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args, says):
     base = {"--hw": "local", "--model": "transformer", "--devices": "8", "--batch-size": "64"}
-    for k in args[::2]:
+    given = [a for a in args if a.startswith("--")]
+    for k in given + (["--model"] if "--model-shape" in given else []):
         base.pop(k, None)
     flat = [x for kv in base.items() for x in kv]
     proc = plan(*flat, *args)
