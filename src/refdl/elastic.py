@@ -94,6 +94,11 @@ def _newest(out: Path) -> str | None:
     return str(found[-1]) if found else None
 
 
+def _step_of(checkpoint: Any) -> int:
+    """The step of a checkpoint folder (``step_0000020``)."""
+    return int(Path(str(checkpoint)).name.removeprefix("step_"))
+
+
 def _summary(out: Path) -> dict[str, Any]:
     try:
         found = load_json(out / "summary.json", "summary.json")
@@ -152,6 +157,7 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
     args, out = prepare(args)
     current, restarts = list(hosts), []
     run_args = args
+    resumed = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]  # restarts
     while True:
         missing = [h for h in hosts if h not in current] if rejoin else []
         returns = Returns(missing, agent)
@@ -169,7 +175,7 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
             break
         if status == PAUSED and len(restarts) < MAX_RESTARTS:
             current = _take_back(hosts, current, returns.back, summary, out, restarts)
-            run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
+            run_args = resumed
             continue
         if status == PAUSED:  # (the ranks stopped and checkpointed; nothing is lost)
             print(f"refdl.launch: error: {MAX_RESTARTS} restarts already; resume by hand",
@@ -194,7 +200,7 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
             print(f"refdl.launch: error: {summary.get('reason', 'ranks were lost')}; {why}",
                   file=sys.stderr, flush=True)  # fmt: skip
             return EXIT_LOST
-        step = int(Path(str(last)).name.removeprefix("step_"))
+        step = _step_of(last)
         done = summary.get("last_step_done")
         lost_at = summary.get("lost_at_unix")
         lost_at = lost_at if isinstance(lost_at, int | float) else time.time()
@@ -204,8 +210,7 @@ def elastic(hosts: list[Host], agent: list[str] | None, args: list[str], min_hos
               f"{','.join(f'{h.name}:{h.slots}' for h in alive)} from {last} "
               f"({restarts[-1]['ranks'][1]} ranks, the same global batch)", file=sys.stderr,
               flush=True)  # fmt: skip
-        run_args = [*_without(args, "--devices"), "--resume", str(out), "--reshard"]
-        current = alive
+        current, run_args = alive, resumed
     if restarts:
         _record(out, summary, restarts, hosts, current, rejoin)
     return 0
@@ -236,7 +241,7 @@ def _take_back(hosts: list[Host], current: list[Host], back: list[Host],
     the start), the restart listed in ``restarts`` and said in one line."""
     larger = [h for h in hosts if h in current or h in back]
     last = summary.get("last_checkpoint") or _newest(out)
-    step = int(Path(str(last)).name.removeprefix("step_")) if last else 0
+    step = _step_of(last) if last else 0
     done = summary.get("last_step_done", summary.get("steps"))
     restarts.append(_restart(time.time(), [], back, current, larger, done, step))
     print(f"refdl.launch: {', '.join(h.name for h in back)} answers again; stopped after "

@@ -61,8 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
-                   "fastest: simplest (headroom, fewer mesh axes, plainer schedule, less "
-                   "recomputation; default) or time")  # fmt: skip
+                   "fastest: simplest (headroom, exact before compressed gradients, fewer "
+                   "mesh axes, plainer schedule, less recomputation; default) or time")  # fmt: skip
     p.add_argument("--lossy", action="store_true",
                    help="also price data's compressed gradient exchanges (top-1 %% by "
                         "SparCML's sparse allreduce, with 4-bit values too, QSGD, TernGrad, "

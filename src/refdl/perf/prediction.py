@@ -41,6 +41,28 @@ def scope_note(profile: Any, workers: list[int]) -> str | None:
     )
 
 
+def architecture_factor(m: Any) -> float:
+    """How well model cost ``m``'s architecture uses a device relative to ResNet-50's
+    (``refdl.perf.architectures``; 1 for anything but a convolutional model)."""
+    return architectures.factor(m.name) if m.op_class == "conv" else 1.0
+
+
+def expected_view(profile: Any, precision: str, m: Any, library: str | None = None) -> Any:
+    """The profile's expected figures for model cost ``m`` in ``precision``: its op
+    class's achieved fraction, times its architecture's factor (``refdl plan`` prices with
+    the same view as ``refdl predict``)."""
+    return profile.view("expected", precision, m.op_class, library, architecture_factor(m))
+
+
+def with_frameworks_overlap(profile: Any, opts: PredictOptions) -> PredictOptions:
+    """``opts`` with the frameworks' bucketed overlap of data's gradient allreduce (DDP's
+    25 MiB buckets) where the profile has achieved figures and no overlap was asked: the
+    expectation of a run as frameworks make it."""
+    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
+        return dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
+    return opts
+
+
 def predict_steps(
     hw_name: str,
     strategy: str,
@@ -78,11 +100,10 @@ def predict_steps(
             "at most"
         )
     m = model_cost(model)
-    arch = architectures.factor(model) if m.op_class == "conv" else 1.0
-    expected_hw = profile.view("expected", precision, m.op_class, library, arch)
+    arch = architecture_factor(m)
+    expected_hw = expected_view(profile, precision, m, library)
     bound_hw = profile.view("bound", precision, m.op_class)
-    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
-        opts = dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
+    opts = with_frameworks_overlap(profile, opts)
     plain = dataclasses.replace(opts, bucket_mb=0.0)
     variants = {
         "bound": (bound_hw, dataclasses.replace(plain, overlap=1.0)),

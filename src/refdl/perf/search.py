@@ -39,11 +39,11 @@ from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
-from refdl.perf import PredictOptions, architectures, intervals, muon
+from refdl.perf import PredictOptions, intervals, muon
 from refdl.perf.costs import formula_of, link_of
 from refdl.perf.model_cost import ModelCost
 from refdl.perf.muon import SCHEMES
-from refdl.perf.overlap import DDP_BUCKET_BYTES
+from refdl.perf.prediction import expected_view, with_frameworks_overlap
 
 REMATS = ("none", "selective", "full")
 # Ties: two configurations whose predicted steps differ by less than this factor cannot
@@ -330,10 +330,7 @@ class Planner:
         """The profile's expected figures for ``precision`` (cached), with the
         architecture's factor for a convolutional model, as ``refdl predict`` prices it."""
         if precision not in self._views:
-            arch = architectures.factor(self.m.name) if self.m.op_class == "conv" else 1.0
-            self._views[precision] = self.profile.view(
-                "expected", precision, self.m.op_class, self.library, arch
-            )
+            self._views[precision] = expected_view(self.profile, precision, self.m, self.library)
         return self._views[precision]
 
     # -- the space ----------------------------------------------------------------------------
@@ -425,10 +422,8 @@ class Planner:
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
             remat=c.remat, precision=c.precision, compress=c.compress or None,
             allreduce="sparse" if c.sparse else "ring",
-            # the frameworks' bucketed overlap where the profile has achieved figures, as
-            # refdl predict's expectation (refdl.perf.prediction)
-            bucket_mb=DDP_BUCKET_BYTES / 2**20 if self.profile.achieved is not None else 0.0,
         )  # fmt: skip
+        opts = with_frameworks_overlap(self.profile, opts)  # refdl predict's expectation
         strategy = c.strategy(self.shape is not None, self.owners)
         formula = formula_of(self.owners[strategy])
         return strategy, opts, formula(self.m, self.view(c.precision), self.batch, c.mesh.size,
