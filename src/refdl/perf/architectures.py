@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import tomllib
 from pathlib import Path
+from typing import Any
 
 FILE = Path(__file__).with_name("architectures.toml")
 # A model without calibration steps of its own -> the fitted model of its family.
@@ -54,3 +55,16 @@ def source(model: str) -> str | None:
     if fitted != model:
         return f"{fitted}'s factor (same family; no {model} calibration step): {entry['source']}"
     return entry["source"]
+
+
+def architecture_factor(m: Any) -> float:
+    """How well model cost ``m``'s architecture uses a device relative to ResNet-50's (1
+    for anything but a convolutional model)."""
+    return factor(m.name) if m.op_class == "conv" else 1.0
+
+
+def expected_view(profile: Any, precision: str, m: Any, library: str | None = None) -> Any:
+    """The profile's expected figures for model cost ``m`` in ``precision``: its op
+    class's achieved fraction, times its architecture's factor (``refdl predict`` and
+    ``refdl plan`` price with the same view)."""
+    return profile.view("expected", precision, m.op_class, library, architecture_factor(m))

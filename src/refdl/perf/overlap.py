@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 BACKWARD_SHARE = 2.0 / 3.0
@@ -68,3 +69,12 @@ def bucketed_step(
         out.append((size, start, end))
     step = max(compute_s, end)
     return Overlapped(step, step - compute_s, tuple(out))
+
+
+def with_frameworks_overlap(profile: Any, opts: Any) -> Any:
+    """``opts`` (``PredictOptions``) with the frameworks' bucketed overlap of data's gradient
+    allreduce (DDP's buckets) where the profile has achieved figures and no overlap was
+    asked: the expectation of a run as frameworks make it (``predict`` and ``plan``)."""
+    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
+        return dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
+    return opts

@@ -20,10 +20,11 @@ from refdl import hw
 from refdl.config.plan import Traits
 from refdl.config.values import Choice, Int
 from refdl.errors import UsageError
-from refdl.perf import PredictOptions, architectures, intervals, muon
+from refdl.perf import PredictOptions, intervals, muon
+from refdl.perf.architectures import architecture_factor, expected_view
 from refdl.perf.costs import FORMULAS, formula_of, hybrid_mesh, link_of
 from refdl.perf.model_cost import model_cost
-from refdl.perf.overlap import DDP_BUCKET_BYTES
+from refdl.perf.overlap import with_frameworks_overlap
 
 
 def scope_note(profile: Any, workers: list[int]) -> str | None:
@@ -39,28 +40,6 @@ def scope_note(profile: Any, workers: list[int]) -> str | None:
         f"{top} workers are modelled as one larger node on its own link; for several "
         "nodes use a profile with a network" + (f" ({', '.join(wider)})" if wider else "")
     )
-
-
-def architecture_factor(m: Any) -> float:
-    """How well model cost ``m``'s architecture uses a device relative to ResNet-50's
-    (``refdl.perf.architectures``; 1 for anything but a convolutional model)."""
-    return architectures.factor(m.name) if m.op_class == "conv" else 1.0
-
-
-def expected_view(profile: Any, precision: str, m: Any, library: str | None = None) -> Any:
-    """The profile's expected figures for model cost ``m`` in ``precision``: its op
-    class's achieved fraction, times its architecture's factor (``refdl plan`` prices with
-    the same view as ``refdl predict``)."""
-    return profile.view("expected", precision, m.op_class, library, architecture_factor(m))
-
-
-def with_frameworks_overlap(profile: Any, opts: PredictOptions) -> PredictOptions:
-    """``opts`` with the frameworks' bucketed overlap of data's gradient allreduce (DDP's
-    25 MiB buckets) where the profile has achieved figures and no overlap was asked: the
-    expectation of a run as frameworks make it."""
-    if profile.achieved is not None and opts.overlap == 0 and opts.bucket_mb == 0:
-        return dataclasses.replace(opts, bucket_mb=DDP_BUCKET_BYTES / 2**20)
-    return opts
 
 
 def predict_steps(

@@ -40,10 +40,11 @@ from refdl.config.plan import Traits
 from refdl.errors import UsageError
 from refdl.parallel.schedule import analytic_bubble
 from refdl.perf import PredictOptions, intervals, muon
+from refdl.perf.architectures import expected_view
 from refdl.perf.costs import formula_of, link_of
 from refdl.perf.model_cost import ModelCost
 from refdl.perf.muon import SCHEMES
-from refdl.perf.prediction import expected_view, with_frameworks_overlap
+from refdl.perf.overlap import with_frameworks_overlap
 
 REMATS = ("none", "selective", "full")
 # Ties: two configurations whose predicted steps differ by less than this factor cannot
