@@ -190,9 +190,10 @@ def framework_run(fw: str, ref: Reference, job: dict, perturb: float, timeout: f
 def torch_run(
     ref: Reference, strategy: str, devices: int, perturb: float, timeout: float,
     native_bn: bool = False, bug: str | None = None, muon_ns: str = "bf16",
-    muon_options: tuple = (),
+    muon_options: tuple = (), precision: str = "fp32",
 ) -> Any:  # fmt: skip
-    """The same training in PyTorch (``refdl.adapters.torch``)."""
+    """The same training in PyTorch (``refdl.adapters.torch``; ``precision`` "bf16": under
+    ``torch.autocast``, whatever refdl's reference ran in)."""
     init = perturbed(ref.init_params, perturb)
     s = ref.spec
     plan = adapter.TrainPlan(
@@ -208,6 +209,7 @@ def torch_run(
         muon=ref.muon,
         muon_ns=muon_ns,
         muon_options=muon_options,
+        precision=precision,
     )
     twin = adapter.Twin(strategy=strategy, devices=devices, cuts=tuple(ref.boundaries or ()),
                         microbatches=s.microbatches, schedule=s.schedule, zero=s.zero,

@@ -50,6 +50,20 @@ class TrainPlan:
     muon: tuple[str, ...] = ()  # optimizer muon: the refdl paths refdl's Muon updates
     muon_ns: str = "bf16"  # torch.optim.Muon's Newton-Schulz as shipped, or "native"
     muon_options: tuple[tuple[str, Any], ...] = ()  # more torch.optim.Muon keywords (a plant)
+    precision: str = "fp32"  # "bf16": every twin under torch.autocast (fp32 weights)
+
+
+def amp(plan: TrainPlan) -> Any:
+    """The twin's precision: ``torch.autocast`` to bf16 on the CPU for a bf16 plan, as
+    torchtitan runs DDP and TP without FSDP (fp32 weights, optimizer and reductions of
+    gradients; bf16 matrix products), the same in every twin and in the control. Without
+    autocast's cache of cast weights: a rank runs all its steps in one context, and the
+    cache would keep step 1's bf16 weights until it closes."""
+    if plan.precision == "bf16":
+        return torch.autocast(device_type="cpu", dtype=torch.bfloat16, cache_enabled=False)
+    if plan.precision != "fp32":
+        raise UsageError(f"PyTorch's twins run fp32 or bf16, not {plan.precision}")
+    return contextlib.nullcontext()
 
 
 def optimizer_class(name: str, momentum: float, weight_decay: float) -> tuple[type, dict]:
@@ -200,8 +214,9 @@ def train_single(plan: TrainPlan) -> TorchResult:
         if opt is not None:
             _set_lr(opt, lr)
             opt.zero_grad(set_to_none=True)
-        loss = criterion(model(_tensor(batch["x"])), _tensor(batch["y"]))
-        (loss + aux_loss(model)).backward()  # the reported loss stays the cross-entropy
+        with amp(plan):  # forward and backward, as a spawned rank's (``_worker``)
+            loss = criterion(model(_tensor(batch["x"])), _tensor(batch["y"]))
+            (loss + aux_loss(model)).backward()  # the reported loss stays the cross-entropy
         if opt is not None:
             opt.step()
         losses.append(float(loss.detach()))
@@ -261,7 +276,8 @@ def _worker(rank: int, fn, world, port, plan, extra, out_dir) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
-        fn(rank, world, plan, extra, Path(out_dir))
+        with amp(plan):  # a bf16 plan: the rank's forward and backward under autocast
+            fn(rank, world, plan, extra, Path(out_dir))
     finally:
         dist.destroy_process_group()
 
