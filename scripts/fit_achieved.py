@@ -8,6 +8,9 @@ alone (replacing one that is there):
   fraction of peak FLOP/s ResNet-50-like calibration steps achieved, and per
   convolutional architecture its factor relative to ResNet-50 (``fit_steps``;
   the factors go to ``src/refdl/perf/architectures.toml``);
+- per dated collective stack (``src/refdl/hw/stacks.toml``) and link kind, the latency
+  and fraction of line rate that fit the calibration collectives of that stack, and the
+  80 % bounds of their residuals (``fit_stacks``);
 - per profile, library (``nccl``, ``mpi``, ``gloo``) and link the latency and fraction
   of line rate that fit the calibration collectives (``fit_links``); a profile or link
   with no calibration collective of that library takes the median of the library's
@@ -27,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
 import sys
+import tomllib
 from pathlib import Path
 from statistics import median
 
@@ -41,6 +47,7 @@ from refdl.bench.published import (
     REFERENCE_MODEL,
     _library,
     fit_links,
+    fit_stacks,
     fit_steps,
     load,
 )
@@ -48,15 +55,37 @@ from refdl.hw.profile import LIBRARIES
 from refdl.perf import architectures
 
 PROFILES = Path(__file__).resolve().parents[1] / "src" / "refdl" / "hw" / "profiles"
+STACKS = PROFILES.parent / "stacks.toml"
 MEMORY = 0.9
 CPU = ("local", "xeon-e5-2680v2-fdr", "knl-omnipath")
 
 
 def _kind(profile, level: str) -> str:
-    text = (profile.links[level].source + profile.description).lower()
-    if level == "inter":
-        return "network"
-    return "nvlink" if "nvlink" in text and "pcie" not in profile.name else "pcie"
+    return profile.link_kind(level)
+
+
+def write_stacks(fits: dict, today: str) -> None:
+    """``stacks.toml`` again: its comment header and each stack's library, years and
+    description as they are, with the fitted ``[links.<kind>]`` and ``[residuals]``."""
+    text = STACKS.read_text()
+    head = [line for line in text.splitlines() if line.startswith("#")]
+    lines = head[: next((i for i, x in enumerate(head) if not x.strip("# ")), len(head))]
+    for name, s in tomllib.loads(text).get("stack", {}).items():
+        lines += ["", f'[stack."{name}"]']
+        lines += [f"{k} = {json.dumps(s[k])}" for k in ("library", "years", "description")]
+        own = {kind: v for (stack, kind), v in fits.items() if stack == name}
+        for kind, v in own.items():
+            lines += ["", f'[stack."{name}".links.{kind}]',
+                      f"latency_s = {v['latency_s']:.4g}", f"fraction = {v['fraction']:.4g}",
+                      f"points = {v['points']}",
+                      f'source = "scripts/fit_achieved.py, {today}: {v["points"]} calibration '
+                      f'collectives ({", ".join(v["sources"])})"']  # fmt: skip
+        bounded = [v for v in own.values() if math.isfinite(v["log_q10"] + v["log_q90"])]
+        if bounded:  # one kind per stack so far: its bounds are the stack's
+            lines += ["", f'[stack."{name}".residuals]',
+                      f"log_q10 = {bounded[0]['log_q10']:.4g}",
+                      f"log_q90 = {bounded[0]['log_q90']:.4g}"]  # fmt: skip
+    STACKS.write_text("\n".join(lines) + "\n")
 
 
 def default_library(p, links: dict) -> str:
@@ -164,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, vs in medians.items()
     }  # fmt: skip
     write(devices, links, medians, today)
+    stack_fits = fit_stacks(points)
+    write_stacks(stack_fits, today)
     # large transformer layers: the parallel points predicted with the links just written
     # (the device fraction is the fit's variable), then written beside the others
     devices.update(parallel_points.fit(points, PRECISION, _library))
@@ -175,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in links.items():
         print(f"link {k}: latency {v['latency_s']:.3g} s, fraction {v['fraction']:.3f} "
               f"({v['points']} points)")  # fmt: skip
+    for k, v in stack_fits.items():
+        print(
+            f"stack {k}: latency {v['latency_s']:.3g} s, fraction {v['fraction']:.3f} "
+            f"({v['points']} points, residuals {v['log_q10']:.3f} .. {v['log_q90']:.3f})"
+        )
     return 0
 
 

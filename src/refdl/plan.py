@@ -30,7 +30,7 @@ from refdl.cli import Parser
 from refdl.config.paths import writable_file
 from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
-from refdl.hw import load
+from refdl.hw import load, stacks
 
 # The model zoo, the step model and the strategies (JAX and Flax: about 1 s) are imported
 # after the arguments are checked, where they are used: a mistake answers at once.
@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer",
                    help="sgd, momentum or adam (its state's size; default: a refdl model's "
                    "own optimizer, adam for a shape)")  # fmt: skip
-    p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    p.add_argument("--library", help=stacks.HELP)
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, exact before compressed gradients, fewer "
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:  # what needs no model first
         load(args.hw)
+        if args.library:
+            stacks.get(args.library)  # one line for an unknown library or stack
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
         if problem := Int(min=1, max=1 << 30).problem(args.steps):

@@ -32,6 +32,7 @@ from refdl.config.mesh import MeshSpec
 from refdl.config.paths import writable_file
 from refdl.config.values import Float, Int, Ints
 from refdl.errors import UsageError
+from refdl.hw import stacks
 from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
@@ -53,8 +54,9 @@ STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
 def _collective_interval(profile: Any, library: str | None, workers: int, t: float) -> dict:
     """``time_low_s`` / ``time_high_s``: the stated 80 % interval of a collective's time."""
     level = collective_level(profile, workers)[0]
-    borrowed = profile.borrowed_link(library or profile.default_library(), level)
-    iv = intervals.time_interval("collective", t, borrowed)
+    stack = stacks.get(library or profile.default_library())
+    borrowed = profile.borrowed_link(stack.name, level)
+    iv = intervals.time_interval("collective", t, borrowed, stack)
     return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None}
 
 
@@ -169,6 +171,10 @@ def predict_collective(
                 "bytes": n,
                 "time_s": t,
                 **_collective_interval(profile, library, w, t),
+                "stack_note": stacks.note(
+                    library or profile.default_library(),
+                    profile.link_kind(collective_level(profile, w)[0]),
+                ),
                 "bound_time_s": bound,
                 "algbw": algbw,
                 "busbw": busbw,
@@ -262,7 +268,7 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="fused",
                    help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
                         "a layer kept for the backward)")  # fmt: skip
-    p.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    p.add_argument("--library", help=stacks.HELP)
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
     return p
@@ -449,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--hw", required=True, help="profile name or .toml path")
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
-    c.add_argument("--library", help="nccl, mpi or gloo (default: the profile's)")
+    c.add_argument("--library", help=stacks.HELP)
     c.add_argument(
         "--density", type=float, help="--algo sparse|sparse-split: the fraction each rank keeps"
     )
@@ -487,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
               "data at full line rate, as in-network reduction (SHARP) moves it - no run is "
               "faster; algbw = bytes / time, busbw = algbw "
               "x the collective's bus factor (as nccl-tests report them)")  # fmt: skip
+        for line in dict.fromkeys(r["stack_note"] for r in rows if r["stack_note"]):
+            print(line)
         for r in rows if "speedup_over_dense" in rows[0] else ():
             print(f"{r['workers']} workers: the dense ring takes "
                   f"{r['dense_ring_time_s'] * 1e3:.4f} ms; sparse at density {r['density']} "

@@ -32,6 +32,7 @@ from refdl import hw
 from refdl.cli import Parser
 from refdl.config.files import load_toml
 from refdl.errors import UsageError
+from refdl.hw import stacks
 from refdl.perf import intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
 from refdl.progress import Progress
@@ -70,6 +71,8 @@ class Point:
     layout: dict = dataclasses.field(default_factory=dict)  # parallel: refdl.bench.parallel_points
     search: str = ""  # a configuration search it belongs to (refdl.bench.searches)
     fit: bool = True  # False: no fit reads it (a search's points on the calibration part)
+    stack: str = ""  # a dated collective stack the source ran (refdl.hw.stacks); "": current
+    year: int | None = None  # the source's year, where it states one
 
 
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
@@ -82,11 +85,15 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     from refdl.bench import memory_points, parallel_points, searches  # (JAX: after a bad file)
 
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
+    years = {s["id"]: s.get("year") for s in raw.get("source", [])}
     parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
     for i, p in enumerate(raw.get("point", [])):
         if p.get("source") not in parts:
             raise UsageError(f"--data {path}: point {i} names an unknown source")
+        if p.get("stack", "") and p["stack"] not in stacks.table():
+            raise UsageError(f"--data {path}: point {i}: stack {p['stack']!r} is not one of "
+                             f"{', '.join(stacks.table())}")  # fmt: skip
         points.append(
             Point(
                 index=i,
@@ -109,6 +116,8 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 layout={k: p[k] for k in parallel_points.LAYOUT if k in p},
                 search=p.get("search", ""),
                 fit=bool(p.get("fit", True)),
+                stack=p.get("stack", ""),
+                year=years[p["source"]],
             )
         )
     stated = searches.load_stated(raw.get("search", []), parts, str(path))
@@ -136,6 +145,9 @@ def published_time(p: Point) -> float:
 
 
 def _library(p: Point, profile) -> str:
+    """The stack a point is priced with: its dated stack, else its library's current one."""
+    if p.stack:
+        return p.stack
     for lib in LIBRARY:
         if lib in p.library:
             return lib
@@ -266,12 +278,13 @@ def borrowed(p: Point, profile) -> bool:
     return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
 
 
-def _interval(row: dict[str, Any], kind: str, is_borrowed: bool) -> None:
-    """The stated interval of a predicted row, and whether the published value is in it."""
+def _interval(row: dict[str, Any], kind: str, is_borrowed: bool, stack: Any = None) -> None:
+    """The stated interval of a predicted row, and whether the published value is in it
+    (a dated ``stack`` measured on the row's link: its own residuals' bounds)."""
     if kind == "scaling":
         iv = intervals.efficiency_interval(row["predicted"])
     else:
-        iv = intervals.time_interval(kind, row["predicted"], is_borrowed)
+        iv = intervals.time_interval(kind, row["predicted"], is_borrowed, stack)
     if iv is not None:
         row.update(low=iv[0], high=iv[1], borrowed=is_borrowed,
                    inside=iv[0] <= row["published"] <= iv[1])  # fmt: skip
@@ -299,8 +312,9 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 t_pub = published_time(p)
                 t, bound = collective_times(p, profile)
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
-                           bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
-                _interval(row, "collective", borrowed(p, profile))
+                           bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9),
+                           stack=_library(p, profile), year=p.year)  # fmt: skip
+                _interval(row, "collective", borrowed(p, profile), stacks.get(row["stack"]))
             elif p.kind == "parallel":
                 t_pub, (t, bound) = parallel_times(p)
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
@@ -367,6 +381,50 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def stack_summary(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, Any]:
+    """Per dated collective stack and part: its points' median |error| and interval
+    coverage, beside the same points priced with their library's current figures (what
+    refdl said before it knew the stack)."""
+    from refdl.predict import collective_pair
+
+    by_index = {p.index: p for p in points}
+    out: dict[str, Any] = {}
+    for r in rows:
+        if "predicted" not in r or r["kind"] != "collective" or stacks.get(r["stack"]).current:
+            continue
+        p, profile = by_index[r["index"]], hw.load(r["hw"])
+        base = stacks.get(p.stack).library
+        t = collective_pair(profile, OPS[p.op], "ring", p.bytes, p.workers, base, p.nodes)[0]
+        iv = intervals.time_interval(
+            "collective", t, profile.borrowed_link(base, _level(p, profile))
+        )
+        cell = out.setdefault(p.stack, {}).setdefault(r["part"], {"rows": []})
+        cell["rows"].append((r["error"], r.get("inside"), t / r["published"] - 1,
+                             iv is not None and iv[0] <= r["published"] <= iv[1]))  # fmt: skip
+    for parts in out.values():
+        for part, cell in parts.items():
+            rs = cell.pop("rows")
+            parts[part] = {"n": len(rs), "median_abs_error": median(abs(x[0]) for x in rs),
+                           "inside": sum(bool(x[1]) for x in rs),
+                           "current_median_abs_error": median(abs(x[2]) for x in rs),
+                           "current_inside": sum(x[3] for x in rs)}  # fmt: skip
+    return out
+
+
+def stack_lines(s: dict[str, Any]) -> list[str]:
+    """``stack_summary`` in words."""
+    out = ["dated collective stacks (refdl.hw.stacks; priced with the stack the source ran, "
+           "and as before with today's figures of its library):"]  # fmt: skip
+    for name, parts in s.items():
+        for part, v in parts.items():
+            out.append(f"  {name:16s} {part:12s} {v['n']:3d} points: median |err| "
+                       f"{_fmt(v['median_abs_error'])}, {v['inside']} inside their interval; "
+                       f"with today's {stacks.get(name).library}: "
+                       f"{_fmt(v['current_median_abs_error'])}, "
+                       f"{v['current_inside']} inside")  # fmt: skip
+    return out
+
+
 def coverage(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     """The share of ``rows`` whose published value is inside their stated interval, and
     the interval's median width (high / low for times; points for efficiencies); the
@@ -407,7 +465,7 @@ def fit_intervals(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, 
     out: dict[str, dict] = {}
     for kind in ("collective", "step", "scaling"):
         cal = [r for r in rows if r["part"] == "calibration" and r["kind"] == kind
-               and "predicted" in r]  # fmt: skip
+               and "predicted" in r and stacks.get(r.get("stack", "nccl")).current]  # fmt: skip
         if kind == "scaling":
             lo, hi = conformal([r["published"] - r["predicted"] for r in cal])
             out[kind] = {"q10": lo, "q90": hi, "points": len(cal)}
@@ -430,10 +488,11 @@ def fit_intervals(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, 
 def fit_links(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Per (profile, library, level): the latency and fraction of line rate that fit the
     calibration part's collectives best (least squares on log time; a grid, so the fit
-    is reproducible), the latency no lower than the profile's."""
+    is reproducible), the latency no lower than the profile's. Points of a dated stack
+    are ``fit_stacks``'s."""
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for p in points:
-        if p.part == "calibration" and p.kind == "collective" and not _skip(p):
+        if p.part == "calibration" and p.kind == "collective" and not _skip(p) and not p.stack:
             profile = hw.load(p.hw)
             groups.setdefault((p.hw, _library(p, profile), _level(p, profile)), []).append(p)
     fits = {}
@@ -441,25 +500,58 @@ def fit_links(points: list[Point]) -> dict[tuple[str, str, str], dict[str, Any]]
         if len(pts) < 2:  # one point cannot separate latency from bandwidth
             continue
         link = hw.load(name).links[level]
-        alphas = [link.latency_s * 10 ** (k / 20) for k in range(0, 61)]
-        fracs = [k / 200 for k in range(4, 201)]
-        best = None
-        for a in alphas:
-            for f in fracs:
-                lk = Link(alpha=a, beta=1.0 / (link.bandwidth * f))
-                loss = 0.0
-                for p in pts:
-                    if p.op == "p2p":
-                        t = lk.alpha + p.bytes * lk.beta
-                    else:
-                        t = collective_time(OPS[p.op], "ring", p.bytes, p.workers, lk)
-                    loss += math.log(t / published_time(p)) ** 2
-                if best is None or loss < best[0]:
-                    best = (loss, a, f)
-        fits[(name, lib, level)] = {"latency_s": best[1], "fraction": best[2],
-                                    "points": len(pts),
+        _, a, f = _grid_fit(pts, lambda p, link=link: link)
+        fits[(name, lib, level)] = {"latency_s": a, "fraction": f, "points": len(pts),
                                     "sources": sorted({p.source for p in pts})}  # fmt: skip
     return fits
+
+
+def fit_stacks(points: list[Point]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (dated stack, link kind): the latency and fraction of line rate that fit the
+    calibration part's collectives of that stack (as ``fit_links``, each point on its own
+    profile's link), and the split-conformal 80 % bounds of the fit's residuals."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        if p.part == "calibration" and p.kind == "collective" and not _skip(p) and p.stack:
+            profile = hw.load(p.hw)
+            kind = profile.link_kind(_level(p, profile))
+            groups.setdefault((p.stack, kind), []).append(p)
+    fits = {}
+    for (stack, kind), pts in sorted(groups.items()):
+        if len(pts) < 2:
+            continue
+        links = {p.index: (lambda pr, p=p: pr.links[_level(p, pr)])(hw.load(p.hw)) for p in pts}
+        link_of = lambda p, links=links: links[p.index]  # noqa: E731
+        _, a, f = _grid_fit(pts, link_of)
+        res = [math.log(published_time(p) / _link_time(p, a, f, link_of(p))) for p in pts]
+        lo, hi = conformal(res)
+        fits[(stack, kind)] = {"latency_s": a, "fraction": f, "points": len(pts),
+                               "log_q10": lo, "log_q90": hi,
+                               "sources": sorted({p.source for p in pts})}  # fmt: skip
+    return fits
+
+
+def _link_time(p: Point, alpha: float, fraction: float, link) -> float:
+    lk = Link(alpha=alpha, beta=1.0 / (link.bandwidth * fraction))
+    if p.op == "p2p":
+        return lk.alpha + p.bytes * lk.beta
+    return collective_time(OPS[p.op], "ring", p.bytes, p.workers, lk)
+
+
+def _grid_fit(pts: list[Point], link_of) -> tuple[float, float, float]:
+    """(loss, latency, fraction) of the grid's least squares on log time over ``pts``, each
+    on ``link_of(point)``; latencies from the smallest link latency up by 10^(k/20)."""
+    base = min(link_of(p).latency_s for p in pts)
+    alphas = [base * 10 ** (k / 20) for k in range(0, 61)]
+    fracs = [k / 200 for k in range(4, 201)]
+    best = None
+    for a in alphas:
+        for f in fracs:
+            loss = sum(math.log(_link_time(p, a, f, link_of(p)) / published_time(p)) ** 2
+                       for p in pts)  # fmt: skip
+            if best is None or loss < best[0]:
+                best = (loss, a, f)
+    return best
 
 
 REFERENCE_MODEL = "resnet50"  # the architecture whose factor is 1 (refdl.perf.architectures)
@@ -591,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     s["searches"] = {**searches.summary(ranked), "cases": ranked}
     memory = memory_points.evaluate(_split["memory"])
     s["memory"] = {**memory_points.summary(memory), "rows": memory}
+    s["stacks"] = stack_summary(rows, points)
     if args.plot:
         from refdl import plots
 
@@ -632,4 +725,5 @@ def main(argv: list[str] | None = None) -> int:
           "within the band")  # fmt: skip
     if memory:
         print("\n".join(memory_points.lines(memory, memory_points.summary(memory))))
+    print("\n".join(stack_lines(s["stacks"])))
     return 0

@@ -25,6 +25,8 @@ from typing import Any
 
 from refdl.config.files import loads_toml, printable, read_text
 from refdl.errors import UsageError
+from refdl.hw.stacks import LIBRARIES
+from refdl.hw.stacks import get as stack_of
 from refdl.perf.collectives import Link
 from refdl.perf.ops import HOST_KINDS, KINDS, InStep, OpRate
 
@@ -65,7 +67,6 @@ class DeviceSpec:
 
 
 PRECISIONS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
-LIBRARIES = ("nccl", "mpi", "gloo")
 OP_CLASSES = ("conv", "gemm", "transformer")  # transformer: GPT-scale layers (many GPUs)
 # cuDNN's Winograd convolutions (Lavin & Gray, CVPR 2016) do up to 2.25x fewer
 # multiplications than the direct convolution XLA's FLOP count assumes
@@ -126,10 +127,22 @@ class HardwareProfile:
         """The communication library predictions assume unless told (``--library``)."""
         return self.achieved.library if self.achieved else "nccl"
 
+    def link_kind(self, level: str) -> str:
+        """``network`` between nodes; inside a node ``nvlink`` or ``pcie`` (the kinds a
+        dated stack's figures were measured on, ``refdl.hw.stacks``)."""
+        if level == "inter":
+            return "network"
+        text = (self.links[level].source + self.description).lower()
+        return "nvlink" if "nvlink" in text and "pcie" not in self.name else "pcie"
+
     def borrowed_link(self, library: str, level: str) -> bool:
         """Whether the achieved figures of ``library`` on ``level`` are borrowed: none of
         this link's own collectives was fitted (``scripts/fit_achieved.py`` then writes
-        the median of fitted links, its source starting "no ..."), or there are none."""
+        the median of fitted links, its source starting "no ..."), or there are none; for
+        a dated stack, whether it was never measured on this kind of link."""
+        stack = stack_of(library)
+        if not stack.current:
+            return self.link_kind(level) not in stack.links
         a = self.achieved
         link = a.links.get(library, {}).get(level) if a else None
         return link is None or link.source.startswith("no ")
@@ -181,11 +194,8 @@ class HardwareProfile:
             raise UsageError(
                 f"unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
-        library = library or self.default_library()
-        if library not in LIBRARIES:
-            raise UsageError(
-                f"unknown --library {library!r}; choose one of: {', '.join(LIBRARIES)}"
-            )
+        stack = stack_of(library or self.default_library())  # a library or a dated stack
+        library = stack.library
         links = dict(self.links)
         if kind == "bound":
             links = {k: dataclasses.replace(v, achievable=1.0) for k, v in links.items()}
@@ -195,6 +205,12 @@ class HardwareProfile:
                 if level in links:
                     links[level] = dataclasses.replace(
                         links[level], latency_s=got.latency_s, achievable=got.fraction
+                    )
+        if kind == "expected":  # a dated stack's own figures, on the kinds it ran on
+            for level in links:
+                if (own := stack.links.get(self.link_kind(level))) is not None:
+                    links[level] = dataclasses.replace(
+                        links[level], latency_s=own.latency_s, achievable=own.fraction
                     )
         d = self.device
         if d is None:  # a network alone: only its links have a view

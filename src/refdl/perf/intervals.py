@@ -39,13 +39,19 @@ def table() -> dict[str, Any]:
         return {}
 
 
-def time_interval(kind: str, t: float, borrowed: bool = False) -> tuple[float, float] | None:
+def time_interval(
+    kind: str, t: float, borrowed: bool = False, stack: Any = None
+) -> tuple[float, float] | None:
     """The stated interval of a predicted time ``t`` of ``kind`` (collective or step),
-    or None when no interval was fitted for that kind."""
+    or None when no interval was fitted for that kind. A dated collective ``stack``
+    (``refdl.hw.stacks.Stack``) that rests on its own figures states its own residuals'
+    bounds; borrowed, it is widened as any borrowed figure."""
     q = table().get(kind)
     if not q:
         return None
     widen = q.get("borrowed_log_spread", 0.0) if borrowed else 0.0
+    if stack is not None and not borrowed and stack.log_q10 is not None:
+        return t * math.exp(stack.log_q10), t * math.exp(stack.log_q90)
     return t * math.exp(q["log_q10"] - widen), t * math.exp(q["log_q90"] + widen)
 
 

@@ -1,0 +1,107 @@
+"""Collective stacks by generation (``stacks.toml``): which software moved the bytes.
+
+A library's own name (``nccl``, ``mpi``, ``gloo``) is its current stack: each profile's
+``[achieved.links.<library>]`` figures, fitted per machine to nccl-tests, OSU and gloo
+runs of 2019 on (2017 for gloo). A **dated stack** (``nccl-2.0-mpi``: NCCL 2.0 with one
+MPI process per GPU, as DeepBench ran it in 2017) carries its own latency and fraction of
+line rate, fitted by ``scripts/fit_achieved.py`` to the calibration part's collectives of
+that stack, on the link kind they ran on (``pcie``, ``nvlink``, ``network``), and the
+80 % bounds of its own residuals. On another link kind, or for a stack listed without
+measurements, the current stack's figures stand in and the interval is widened as for a
+borrowed link (``refdl.perf.intervals``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+from importlib import resources
+from typing import Any
+
+from refdl.errors import UsageError
+
+LIBRARIES = ("nccl", "mpi", "gloo")
+LINK_KINDS = ("pcie", "nvlink", "network")
+HELP = (
+    "nccl, mpi or gloo (default: the profile's), or a dated stack of one: nccl-2.0-mpi, "
+    "nccl-2.0-single, nccl-1.x (refdl.hw.stacks)"
+)  # --library of predict and plan
+
+
+@dataclasses.dataclass(frozen=True)
+class StackLink:
+    """A stack's fitted figures on one kind of link."""
+
+    latency_s: float
+    fraction: float  # of the link's line rate
+    points: int
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """A named collective stack: its library, its years, and what it was measured to do."""
+
+    name: str
+    library: str
+    years: str
+    description: str
+    links: dict[str, StackLink]  # link kind -> figures (empty: never measured)
+    log_q10: float | None = None  # 80 % bounds of log(measured / predicted), its own
+    log_q90: float | None = None  # calibration collectives (None: too few or unmeasured)
+
+    @property
+    def current(self) -> bool:
+        """Whether this is a library's current stack (the profiles' own figures)."""
+        return self.name == self.library
+
+
+@functools.cache
+def table() -> dict[str, Stack]:
+    """The stacks refdl knows, by name (the libraries' current ones first)."""
+    text = resources.files("refdl.hw").joinpath("stacks.toml").read_text()
+    raw = tomllib.loads(text).get("stack", {})
+    out = {lib: Stack(lib, lib, "current", f"{lib}: the profiles' fitted figures", {})
+           for lib in LIBRARIES}  # fmt: skip
+    for name, s in raw.items():
+        out[name] = _parse(name, s)
+    return out
+
+
+def _parse(name: str, s: dict[str, Any]) -> Stack:
+    if s.get("library") not in LIBRARIES:
+        raise ValueError(f"stacks.toml: stack {name}: library must be one of {LIBRARIES}")
+    links = {}
+    for kind, f in s.get("links", {}).items():
+        if kind not in LINK_KINDS:
+            raise ValueError(f"stacks.toml: stack {name}: link kind {kind} not in {LINK_KINDS}")
+        links[kind] = StackLink(float(f["latency_s"]), float(f["fraction"]), int(f["points"]),
+                                str(f["source"]))  # fmt: skip
+    q = s.get("residuals", {})
+    return Stack(name, s["library"], str(s.get("years", "")), str(s.get("description", "")),
+                 links, q.get("log_q10"), q.get("log_q90"))  # fmt: skip
+
+
+def get(name: str) -> Stack:
+    """The stack ``name`` (a library or a dated stack), or one line naming the choices."""
+    stacks = table()
+    if name not in stacks:
+        raise UsageError(f"unknown --library {name!r}; choose a library or one of its dated "
+                         f"stacks: {', '.join(stacks)}")  # fmt: skip
+    return stacks[name]
+
+
+def note(name: str, kind: str) -> str | None:
+    """What a prediction with stack ``name`` on a ``kind`` link rests on, in words (None
+    for a library's current stack: the profile's own figures)."""
+    stack = get(name)
+    if stack.current:
+        return None
+    if (own := stack.links.get(kind)) is not None:
+        return (f"{name} ({stack.years}): its own figures on {kind} links, fitted to "
+                f"{own.points} collectives of that stack ({own.fraction:.2f} of line rate), "
+                "and its own residuals' 80 % interval")  # fmt: skip
+    return (f"{name} ({stack.years}) was never measured on {kind} links in refdl's data set: "
+            f"today's {stack.library} figures stand in, the interval widened as for a "
+            "borrowed link")  # fmt: skip

@@ -1,0 +1,100 @@
+"""Collective stacks by generation (issue 52): a dated stack's figures come from its own
+calibration collectives, price the held-out 2017 P100 table close where today's NCCL
+figures missed by half, and an unmeasured stack widens the interval and says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from statistics import median
+
+import pytest
+
+from conftest import ROOT
+from refdl import hw
+from refdl.bench import published as P
+from refdl.hw import stacks
+from refdl.predict import predict_collective
+
+DEEPBENCH_P100_4X_258MB_S = 67.212285e-3  # DeepBench_NV_P100.xlsx, 64500000 floats, 4 cards
+
+
+def test_dated_stacks_carry_the_fit_of_their_own_calibration_collectives():
+    """fit_stacks on the data set gives the figures stacks.toml ships; no held-out point
+    is read; HELP names every dated stack."""
+    points, split = P.load()
+    deepbench = [p for p in points if p.stack]
+    fits = P.fit_stacks(deepbench)
+    assert set(fits) == {("nccl-2.0-mpi", "pcie"), ("nccl-2.0-single", "pcie")}
+    for (name, kind), v in fits.items():
+        assert set(v["sources"]) <= set(split["calibration"])
+        own = stacks.get(name).links[kind]
+        assert own.fraction == pytest.approx(v["fraction"], rel=1e-3)
+        assert own.latency_s == pytest.approx(v["latency_s"], rel=1e-3)
+        assert own.points == v["points"]
+        assert stacks.get(name).log_q10 == pytest.approx(v["log_q10"], abs=1e-3)
+    # NCCL 2.0 with a process per GPU moved 0.40 of PCIe's line rate, one process 0.61
+    assert fits[("nccl-2.0-mpi", "pcie")]["fraction"] == pytest.approx(0.40, abs=0.01)
+    assert fits[("nccl-2.0-single", "pcie")]["fraction"] == pytest.approx(0.61, abs=0.01)
+    dated = [n for n, s in stacks.table().items() if not s.current]
+    assert dated and all(n in stacks.HELP for n in dated)
+
+
+def test_the_held_out_p100_table_with_its_stack_and_with_todays_nccl():
+    """DeepBench's 4 x P100 all-reduce of 258 MB (2017, held out): today's NCCL figures
+    predict half the time, outside their interval; NCCL 2.0 with MPI within 10 %, inside."""
+    today = predict_collective("p100-pcie", "allreduce", "ring", 258e6, [4])[0]
+    dated = predict_collective("p100-pcie", "allreduce", "ring", 258e6, [4],
+                               library="nccl-2.0-mpi")[0]  # fmt: skip
+    assert today["time_s"] / DEEPBENCH_P100_4X_258MB_S - 1 == pytest.approx(-0.52, abs=0.03)
+    assert today["time_high_s"] < DEEPBENCH_P100_4X_258MB_S
+    assert abs(dated["time_s"] / DEEPBENCH_P100_4X_258MB_S - 1) < 0.10
+    assert dated["time_low_s"] <= DEEPBENCH_P100_4X_258MB_S <= dated["time_high_s"]
+    assert "its own figures on pcie links" in dated["stack_note"]
+    assert today["stack_note"] is None
+    # every held-out row of that stack: median |error| under 10 %, today's over 40 %
+    points, _ = P.load()
+    held = [p for p in points if p.source == "deepbench-2017-p100"]
+    rows = P.evaluate(held)
+    s = P.stack_summary(rows, held)["nccl-2.0-mpi"]["heldout"]
+    assert s["n"] == 18 and s["median_abs_error"] < 0.10 and s["inside"] >= 16
+    assert s["current_median_abs_error"] > 0.40 and s["current_inside"] <= 2
+    # the one-process rows are a miss the data shows: the P100 box ran NCCL 2.0 at the
+    # Maxwell boxes' speed, half the Pascal boxes' the stack was mostly fitted on
+    single = [r for r in rows if r["stack"] == "nccl-2.0-single"]
+    assert len(single) == 3 and median(r["error"] for r in single) < -0.4
+
+
+def test_an_unmeasured_stack_widens_the_interval_and_says_so():
+    """nccl-1.x (no measurement) and nccl-2.0-mpi on NVLink (measured on PCIe only):
+    today's figures, a wider interval, a note; a bad name is one line, exit 2."""
+    now = predict_collective("a100-nvlink", "allreduce", "ring", 258e6, [8])[0]
+    for name in ("nccl-1.x", "nccl-2.0-mpi"):
+        old = predict_collective("a100-nvlink", "allreduce", "ring", 258e6, [8],
+                                 library=name)[0]  # fmt: skip
+        assert old["time_s"] == now["time_s"]
+        assert old["time_low_s"] < now["time_low_s"] and old["time_high_s"] > now["time_high_s"]
+        assert "never measured on nvlink links" in old["stack_note"]
+    a100 = hw.load("a100-nvlink")
+    assert a100.borrowed_link("nccl-1.x", "intra") and not a100.borrowed_link("nccl", "intra")
+    assert hw.load("p100-pcie").view("expected", library="nccl-2.0-mpi").links[
+        "intra"
+    ].achievable == pytest.approx(stacks.get("nccl-2.0-mpi").links["pcie"].fraction)
+    proc = subprocess.run([sys.executable, "-m", "refdl.predict", "collective", "--hw",
+                           "p100-pcie", "--workers", "4", "--bytes", "1e6", "--library",
+                           "nccl-3.0"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "nccl-2.0-mpi" in proc.stderr
+
+
+def test_a_point_naming_an_unknown_stack_is_refused(tmp_path):
+    text = (ROOT / "docs" / "published" / "measurements.toml").read_text()
+    bad = tmp_path / "m.toml"
+    bad.write_text(text.replace('stack = "nccl-2.0-mpi"', 'stack = "nccl-0.1"', 1))
+    proc = subprocess.run([sys.executable, "-m", "refdl.bench", "published", "--data",
+                           str(bad)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "stack 'nccl-0.1' is not one of" in proc.stderr
+    assert json.dumps(proc.stdout) == '""'
