@@ -452,3 +452,13 @@ def test_a_memory_row_without_its_figure_is_refused_with_one_line():
     with pytest.raises(UsageError, match="unknown keys"):
         load_memory([{**row, "measured_gib": 1.0, "gib": 2}], {"s": "heldout"}, "data.toml")
     assert load_memory([{**row, "measured_gib": 1.0}], {"s": "heldout"}, "d")[0].eager
+
+
+def test_issue_52_goals_are_judged_from_the_held_out_summary():
+    s = {"searches": {"heldout": {"best_in_top3": 0.95}},
+         "heldout": {"step": {"median_abs_error": 0.101, "median_interval_width": 1.9,
+                              "coverage": 0.79}}}  # fmt: skip
+    got = P.goals(s)
+    assert [g["met"] for g in got] == [True, False, False]  # width x1.9 but holds 79 %
+    s["heldout"]["step"]["coverage"] = 0.8
+    assert P.goals(s)[2]["met"] and "not met" in P.goal_lines(P.goals(s))[2]

@@ -411,6 +411,36 @@ def stack_summary(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, 
     return out
 
 
+def goals(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 52's goals for the held-out part, each with its value and whether it is met:
+    the source's fastest among refdl's first 3 in >= 95 % of searches, the median step
+    error <= 10 %, the steps' 80 % interval at most x2 wide while it still holds >= 80 %."""
+    searches, step = s["searches"]["heldout"], s["heldout"]["step"]
+    top3, err = searches["best_in_top3"], step["median_abs_error"]
+    width, cov = step["median_interval_width"], step["coverage"]
+    return [
+        {"goal": "the source's fastest in refdl's first 3", "value": top3, "target": ">= 95 %",
+         "met": top3 is not None and top3 >= 0.95},
+        {"goal": "median step error", "value": err, "target": "<= 10 %",
+         "met": err is not None and err <= 0.10},
+        {"goal": "80 % interval's median width (steps), coverage >= 80 %", "value": width,
+         "coverage": cov, "target": "<= x2",
+         "met": width is not None and width <= 2.0 and cov is not None and cov >= 0.8},
+    ]  # fmt: skip
+
+
+def goal_lines(gs: list[dict[str, Any]]) -> list[str]:
+    """``goals`` in words."""
+    out = ["issue 52's goals on the held-out part:"]
+    for g in gs:
+        v = g["value"]
+        shown = "-" if v is None else (f"x{v:.2f} (holds {_fmt(g['coverage'])})"
+                                       if "coverage" in g else _fmt(v))  # fmt: skip
+        out.append(f"  {g['goal']:56s} {shown:>22s}  goal {g['target']:8s} "
+                   f"{'met' if g['met'] else 'not met'}")  # fmt: skip
+    return out
+
+
 def stack_lines(s: dict[str, Any]) -> list[str]:
     """``stack_summary`` in words."""
     out = ["dated collective stacks (refdl.hw.stacks; priced with the stack the source ran, "
@@ -684,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = memory_points.evaluate(_split["memory"])
     s["memory"] = {**memory_points.summary(memory), "rows": memory}
     s["stacks"] = stack_summary(rows, points)
+    s["goals"] = goals(s)
     if args.plot:
         from refdl import plots
 
@@ -726,4 +757,5 @@ def main(argv: list[str] | None = None) -> int:
     if memory:
         print("\n".join(memory_points.lines(memory, memory_points.summary(memory))))
     print("\n".join(stack_lines(s["stacks"])))
+    print("\n".join(goal_lines(s["goals"])))
     return 0
