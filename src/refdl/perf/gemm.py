@@ -1,0 +1,97 @@
+"""A matrix product's time by its shape (issue 52, compute by shape): two candidate models.
+
+- ``roofline``: ``t0 + max(2MNK / (peak f), bytes / (bandwidth 0.9))`` - a kernel's
+  latency, then the larger of its arithmetic at a fraction ``f`` of peak and its three
+  matrices through memory once; a small product pays the latency and the memory-bound
+  regime, a large one approaches ``f``.
+- ``waves``: the same, with the arithmetic dealt as cuBLAS deals it: output tiles of
+  ``tm x tn`` (256x128 ... 32x32, optionally split along K into ``s`` parts), one tile
+  per streaming multiprocessor at a time, so a product takes ``ceil(tiles s / SMs)``
+  waves of one tile's time (tile and wave quantization, NVIDIA's "Matrix Multiplication
+  Background" guide); a tile of ``a`` elements runs at ``(a / 128^2)^decay`` of a
+  128x128 tile's rate (at most 1), and the fastest tile and split are taken.
+
+``scripts/bench_gemm_shapes.py`` fits each model's figures to the calibration rows of
+DeepBench's per-shape GEMMs (``docs/published/gemm_deepbench.csv``) and judges them on
+the held-out rows. Neither is wired into ``refdl predict``'s step yet: that needs the
+held-out evidence the bench reports (docs/performance-model.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Streaming multiprocessors per device name (the profiles' [device] name): NVIDIA's Tesla
+# P100 whitepaper (56 of the GP100's 60), Tesla V100 whitepaper (80 of 84), A100 (108 of
+# 128) and H100 SXM5 (132 of 144) architecture whitepapers.
+SMS = {"Tesla P100 PCIe": 56, "Tesla P100 SXM2": 56, "Tesla V100 SXM2": 80, "A100 SXM": 108,
+       "H100 SXM": 132}  # fmt: skip
+TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64), (32, 32))
+SPLITS = (1, 2, 4, 8, 16)
+MEMORY = 0.9  # of the datasheet bandwidth (the profiles' achieved memory fraction)
+MODELS = ("roofline", "waves")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What a product's time depends on: peak FLOP/s of its dtype, memory bandwidth,
+    streaming multiprocessors."""
+
+    peak: float
+    bandwidth: float
+    sms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """A model's fitted figures: fraction of peak, a kernel's latency, tile decay."""
+
+    fraction: float
+    latency_s: float
+    decay: float = 0.0
+
+
+def memory_s(m: int, n: int, k: int, width: int, dev: Device) -> float:
+    """The three matrices through memory once (``width`` bytes an element)."""
+    return (m * k + k * n + m * n) * width / (dev.bandwidth * MEMORY)
+
+
+def roofline_s(m: int, n: int, k: int, width: int, dev: Device, f: Figures) -> float:
+    """``roofline``'s time of an ``m x k`` by ``k x n`` product."""
+    return f.latency_s + max(2.0 * m * n * k / (dev.peak * f.fraction),
+                             memory_s(m, n, k, width, dev))  # fmt: skip
+
+
+def waves_s(m: int, n: int, k: int, width: int, dev: Device, f: Figures) -> float:
+    """``waves``'s time: the fastest tile and split-K, in whole waves over the SMs."""
+    per_sm = dev.peak * f.fraction / dev.sms
+    best = math.inf
+    for tm, tn in TILES:
+        rate = per_sm * min(1.0, (tm * tn / 128**2) ** f.decay)
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        for s in SPLITS:
+            t = math.ceil(tiles * s / dev.sms) * 2.0 * tm * tn * (k / s) / rate
+            best = min(best, t)
+    return f.latency_s + max(best, memory_s(m, n, k, width, dev))
+
+
+def gemm_s(model: str, m: int, n: int, k: int, width: int, dev: Device, f: Figures) -> float:
+    """The time ``model`` gives one product."""
+    return (waves_s if model == "waves" else roofline_s)(m, n, k, width, dev, f)
+
+
+def fit(model: str, rows: list[tuple[int, int, int, int, Device, float]]) -> Figures:
+    """The figures of ``model`` that fit ``rows`` (m, n, k, width, device, seconds) best:
+    least squares on log time over a grid, so the fit is reproducible."""
+    decays = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5) if model == "waves" else (0.0,)
+    best = None
+    for frac in [x / 100 for x in range(60, 101, 2)]:
+        for lat in [1e-6 * 2 ** (j / 2) for j in range(0, 11)]:
+            for d in decays:
+                f = Figures(frac, lat, d)
+                loss = sum(math.log(gemm_s(model, m, n, k, w, dev, f) / t) ** 2
+                           for m, n, k, w, dev, t in rows)  # fmt: skip
+                if best is None or loss < best[0]:
+                    best = (loss, f)
+    return best[1]
