@@ -56,6 +56,8 @@ def test_the_held_out_p100_table_with_its_stack_and_with_todays_nccl():
     # every held-out row of that stack: median |error| under 10 %, today's over 40 %
     points, _ = P.load()
     held = [p for p in points if p.source == "deepbench-2017-p100"]
+    assert all(p.year == 2017 and p.part == "heldout" for p in held)
+    assert all(2010 <= p.year <= 2026 for p in points if p.year is not None)
     rows = P.evaluate(held)
     s = P.stack_summary(rows, held)["nccl-2.0-mpi"]["heldout"]
     assert s["n"] == 18 and s["median_abs_error"] < 0.10 and s["inside"] >= 16
