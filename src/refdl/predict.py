@@ -390,6 +390,8 @@ def _step_main(argv: list[str]) -> int:
                 for a, v in r["comm_by_axis"].items()))  # fmt: skip
     if "note" in rows[0]:
         print(f"note: {rows[0]['note']}")
+    if rows[0].get("stack_note"):
+        print(rows[0]["stack_note"])
     return 0
 
 

@@ -100,3 +100,18 @@ def test_a_point_naming_an_unknown_stack_is_refused(tmp_path):
                           timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "stack 'nccl-0.1' is not one of" in proc.stderr
     assert json.dumps(proc.stdout) == '""'
+
+
+def test_a_step_priced_with_a_dated_stack_says_what_its_links_rest_on():
+    from refdl.perf.prediction import predict_steps
+    from refdl.strategies import traits_of
+
+    def row(hw_name: str, library: str | None) -> dict:
+        return predict_steps(hw_name, "data", traits_of("data"), "resnet50", 256, [4],
+                             library=library)[0]  # fmt: skip
+
+    now, old = row("p100-pcie", None), row("p100-pcie", "nccl-2.0-mpi")
+    assert old["comm_s"] > now["comm_s"] > 0 and old["compute_s"] == now["compute_s"]
+    assert now["stack_note"] is None and "its own figures on pcie" in old["stack_note"]
+    far = row("p100-nvlink-ib-edr", "nccl-2.0-mpi")["stack_note"]
+    assert "never measured on nvlink" in far and "interval" not in far

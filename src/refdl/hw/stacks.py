@@ -92,16 +92,17 @@ def get(name: str) -> Stack:
     return stacks[name]
 
 
-def note(name: str, kind: str) -> str | None:
+def note(name: str, kind: str, interval: bool = True) -> str | None:
     """What a prediction with stack ``name`` on a ``kind`` link rests on, in words (None
-    for a library's current stack: the profile's own figures)."""
+    for a library's current stack: the profile's own figures); ``interval``: and what
+    its collective's stated interval is (a step's is its own, from steps)."""
     stack = get(name)
     if stack.current:
         return None
     if (own := stack.links.get(kind)) is not None:
         return (f"{name} ({stack.years}): its own figures on {kind} links, fitted to "
-                f"{own.points} collectives of that stack ({own.fraction:.2f} of line rate), "
-                "and its own residuals' 80 % interval")  # fmt: skip
+                f"{own.points} collectives of that stack ({own.fraction:.2f} of line rate)"
+                + (", and its own residuals' 80 % interval" if interval else ""))  # fmt: skip
     return (f"{name} ({stack.years}) was never measured on {kind} links in refdl's data set: "
-            f"today's {stack.library} figures stand in, the interval widened as for a "
-            "borrowed link")  # fmt: skip
+            f"today's {stack.library} figures stand in"
+            + (", the interval widened as for a borrowed link" if interval else ""))  # fmt: skip

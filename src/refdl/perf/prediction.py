@@ -20,6 +20,7 @@ from refdl import hw
 from refdl.config.plan import Traits
 from refdl.config.values import Choice, Int
 from refdl.errors import UsageError
+from refdl.hw import stacks
 from refdl.perf import PredictOptions, intervals, muon
 from refdl.perf.architectures import architecture_factor, expected_view
 from refdl.perf.costs import FORMULAS, formula_of, hybrid_mesh, link_of
@@ -40,6 +41,14 @@ def scope_note(profile: Any, workers: list[int]) -> str | None:
         f"{top} workers are modelled as one larger node on its own link; for several "
         "nodes use a profile with a network" + (f" ({', '.join(wider)})" if wider else "")
     )
+
+
+def stack_note(profile: Any, library: str | None) -> str | None:
+    """What a dated collective stack's figures rest on for each of the profile's links
+    (``refdl.hw.stacks.note``); None for a library's current stack."""
+    name = library or profile.default_library()
+    notes = (stacks.note(name, profile.link_kind(level), False) for level in profile.links)
+    return "; ".join(dict.fromkeys(n for n in notes if n)) or None
 
 
 def predict_steps(
@@ -128,6 +137,7 @@ def predict_steps(
                 "model": model,
                 "precision": precision,
                 "library": library or profile.default_library(),
+                "stack_note": stack_note(profile, library),
                 "architecture_factor": arch if profile.achieved is not None else None,
                 "workers": w,
                 "global_batch": batch,
