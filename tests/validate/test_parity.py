@@ -177,12 +177,13 @@ def test_the_transformers_planted_bugs_depart_and_its_layouts_pass():
         assert r["passed"] == healthy, (name, r)
 
 
-@pytest.mark.slow  # ~2 min: sixteen PyTorch runs of 20 steps
+@pytest.mark.slow  # 6 min 24 s (2026-11-27, beside a benchmark): 32 PyTorch runs, fp32 and bf16
 def test_pytorchs_own_parallel_runs_pass_against_pytorch_single_and_its_bugs_depart(tmp_path):
     """``scripts/bench_parity_torch.py --models mlp``: PyTorch's DDP, FSDP2, DTensor TP and
     1F1B runs against PyTorch's single run pass the rule (refdl's envelope); the twins'
     planted bugs (FSDP2's gradients summed, a RowwiseParallel left out, a stage's loss
-    not scaled) depart, from the same seed; another seed's pairs are judged too."""
+    not scaled) depart, from the same seed; another seed's pairs are judged too; fp32 and
+    bf16."""
     import subprocess
     import sys
 
@@ -192,10 +193,14 @@ def test_pytorchs_own_parallel_runs_pass_against_pytorch_single_and_its_bugs_dep
     out = tmp_path / "torch.json"
     proc = subprocess.run([sys.executable, "scripts/bench_parity_torch.py", "--seeds", "1",
                            "--steps", "20", "--models", "mlp", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+                          capture_output=True, text=True, timeout=1500)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads(out.read_text())["summary"]
-    same, other = s["same seed"], s["another seed"]
+    same, other = s["fp32 same seed"], s["fp32 another seed"]
     assert (same["false_alarms"], same["healthy"]) == (0, 4)
     assert (same["detected"], same["bugs"]) == (3, 3)
     assert (other["false_alarms"], other["healthy"]) == (0, 4) and other["bugs"] == 3
+    # bf16 (torch.autocast, every twin and the control): the healthy pairs pass against
+    # refdl's bf16 envelope; the summed gradients and the unscaled stage loss depart
+    bf16 = s["bf16 same seed"]
+    assert (bf16["false_alarms"], bf16["healthy"]) == (0, 4) and bf16["detected"] >= 2
