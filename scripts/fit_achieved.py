@@ -65,26 +65,26 @@ def _kind(profile, level: str) -> str:
 
 
 def write_stacks(fits: dict, today: str) -> None:
-    """``stacks.toml`` again: its comment header and each stack's library, years and
-    description as they are, with the fitted ``[links.<kind>]`` and ``[residuals]``."""
+    """``stacks.toml`` again: its comment header and each stack's library, years,
+    description and rings as they are, with the fitted ``[links.<kind>]`` (figures and
+    the 80 % bounds of their residuals)."""
     text = STACKS.read_text()
     head = [line for line in text.splitlines() if line.startswith("#")]
     lines = head[: next((i for i, x in enumerate(head) if not x.strip("# ")), len(head))]
     for name, s in tomllib.loads(text).get("stack", {}).items():
         lines += ["", f'[stack."{name}"]']
-        lines += [f"{k} = {json.dumps(s[k])}" for k in ("library", "years", "description")]
-        own = {kind: v for (stack, kind), v in fits.items() if stack == name}
-        for kind, v in own.items():
+        lines += [f"{k} = {json.dumps(s[k])}" for k in ("library", "years", "description", "rings")
+                  if k in s]  # fmt: skip
+        for (stack, kind), v in fits.items():
+            if stack != name:
+                continue
             lines += ["", f'[stack."{name}".links.{kind}]',
                       f"latency_s = {v['latency_s']:.4g}", f"fraction = {v['fraction']:.4g}",
                       f"points = {v['points']}",
                       f'source = "scripts/fit_achieved.py, {today}: {v["points"]} calibration '
                       f'collectives ({", ".join(v["sources"])})"']  # fmt: skip
-        bounded = [v for v in own.values() if math.isfinite(v["log_q10"] + v["log_q90"])]
-        if bounded:  # one kind per stack so far: its bounds are the stack's
-            lines += ["", f'[stack."{name}".residuals]',
-                      f"log_q10 = {bounded[0]['log_q10']:.4g}",
-                      f"log_q90 = {bounded[0]['log_q90']:.4g}"]  # fmt: skip
+            if math.isfinite(v["log_q10"] + v["log_q90"]):
+                lines += [f"log_q10 = {v['log_q10']:.4g}", f"log_q90 = {v['log_q90']:.4g}"]
     STACKS.write_text("\n".join(lines) + "\n")
 
 

@@ -56,7 +56,8 @@ def _collective_interval(profile: Any, library: str | None, workers: int, t: flo
     level = collective_level(profile, workers)[0]
     stack = stacks.get(library or profile.default_library())
     borrowed = profile.borrowed_link(stack.name, level)
-    iv = intervals.time_interval("collective", t, borrowed, stack)
+    own = stack.links.get(profile.link_kind(level))
+    iv = intervals.time_interval("collective", t, borrowed, own)
     return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None}
 
 
@@ -80,15 +81,18 @@ def collective_pair(
     nodes: int | None = None,
 ) -> tuple[float, float]:
     """(expected, bound) seconds of one collective. Expected: the library's achieved
-    latency and fraction of line rate; an allreduce ring across nodes in two levels.
-    Bound: line rate; for an allreduce, ``allreduce_lower_bound`` (in-network reduction)."""
+    latency and fraction of line rate; an allreduce ring across nodes in two levels (a
+    dated stack with flat rings: one ring on the network). Bound: line rate; for an
+    allreduce, ``allreduce_lower_bound`` (in-network reduction)."""
     level, per_node, multi = collective_level(profile, workers, nodes)
     view = profile.view("expected", library=library)
     peak = profile.view("bound")
+    flat = stacks.get(library or profile.default_library()).flat
     if (
         op == "allreduce"
         and algo == "ring"
         and multi
+        and not flat
         and "intra" in view.links
         and ("inter" in view.links)
     ):

@@ -26,17 +26,27 @@ def test_dated_stacks_carry_the_fit_of_their_own_calibration_collectives():
     points, split = P.load()
     deepbench = [p for p in points if p.stack]
     fits = P.fit_stacks(deepbench)
-    assert set(fits) == {("nccl-2.0-mpi", "pcie"), ("nccl-2.0-single", "pcie")}
+    assert set(fits) == {
+        ("nccl-2.0-mpi", "pcie"),
+        ("nccl-2.0-single", "pcie"),
+        ("nccl-2.0-mpi", "network"),
+        ("baidu-ring", "network"),
+    }
     for (name, kind), v in fits.items():
         assert set(v["sources"]) <= set(split["calibration"])
         own = stacks.get(name).links[kind]
         assert own.fraction == pytest.approx(v["fraction"], rel=1e-3)
         assert own.latency_s == pytest.approx(v["latency_s"], rel=1e-3)
         assert own.points == v["points"]
-        assert stacks.get(name).log_q10 == pytest.approx(v["log_q10"], abs=1e-3)
-    # NCCL 2.0 with a process per GPU moved 0.40 of PCIe's line rate, one process 0.61
+        if own.log_q10 is not None:  # (9 residuals bound nothing below at 80 %)
+            assert own.log_q10 == pytest.approx(v["log_q10"], abs=1e-3)
+    # NCCL 2.0 with a process per GPU moved 0.40 of PCIe's line rate, one process 0.61;
+    # across servers its flat ring 0.70 of InfiniBand FDR's, Baidu's ring 0.49
     assert fits[("nccl-2.0-mpi", "pcie")]["fraction"] == pytest.approx(0.40, abs=0.01)
     assert fits[("nccl-2.0-single", "pcie")]["fraction"] == pytest.approx(0.61, abs=0.01)
+    assert fits[("nccl-2.0-mpi", "network")]["fraction"] == pytest.approx(0.70, abs=0.01)
+    assert fits[("baidu-ring", "network")]["fraction"] == pytest.approx(0.49, abs=0.01)
+    assert stacks.get("baidu-ring").flat and not stacks.get("nccl").flat
     dated = [n for n, s in stacks.table().items() if not s.current]
     assert dated and all(n in stacks.HELP for n in dated)
 
@@ -60,12 +70,17 @@ def test_the_held_out_p100_table_with_its_stack_and_with_todays_nccl():
     assert all(2010 <= p.year <= 2026 for p in points if p.year is not None)
     rows = P.evaluate(held)
     s = P.stack_summary(rows, held)["nccl-2.0-mpi"]["heldout"]
-    assert s["n"] == 18 and s["median_abs_error"] < 0.10 and s["inside"] >= 16
+    assert s["n"] == 22 and s["median_abs_error"] < 0.10 and s["inside"] >= 17
     assert s["current_median_abs_error"] > 0.40 and s["current_inside"] <= 2
     # the one-process rows are a miss the data shows: the P100 box ran NCCL 2.0 at the
     # Maxwell boxes' speed, half the Pascal boxes' the stack was mostly fitted on
     single = [r for r in rows if r["stack"] == "nccl-2.0-single"]
     assert len(single) == 3 and median(r["error"] for r in single) < -0.4
+    # across two servers, Baidu's flat ring: within 25 %, inside; today's MPI figures
+    # in refdl's two levels: over 50 % off
+    ring = P.stack_summary(rows, held)["baidu-ring"]["heldout"]
+    assert ring["n"] == 3 and ring["inside"] == 3 and ring["median_abs_error"] < 0.10
+    assert ring["current_median_abs_error"] > 0.5
 
 
 def test_an_unmeasured_stack_widens_the_interval_and_says_so():

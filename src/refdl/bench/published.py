@@ -278,13 +278,13 @@ def borrowed(p: Point, profile) -> bool:
     return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
 
 
-def _interval(row: dict[str, Any], kind: str, is_borrowed: bool, stack: Any = None) -> None:
+def _interval(row: dict[str, Any], kind: str, is_borrowed: bool, own: Any = None) -> None:
     """The stated interval of a predicted row, and whether the published value is in it
-    (a dated ``stack`` measured on the row's link: its own residuals' bounds)."""
+    (``own``: a dated stack's figures on the row's link, with their residuals' bounds)."""
     if kind == "scaling":
         iv = intervals.efficiency_interval(row["predicted"])
     else:
-        iv = intervals.time_interval(kind, row["predicted"], is_borrowed, stack)
+        iv = intervals.time_interval(kind, row["predicted"], is_borrowed, own)
     if iv is not None:
         row.update(low=iv[0], high=iv[1], borrowed=is_borrowed,
                    inside=iv[0] <= row["published"] <= iv[1])  # fmt: skip
@@ -314,7 +314,8 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9),
                            stack=_library(p, profile), year=p.year)  # fmt: skip
-                _interval(row, "collective", borrowed(p, profile), stacks.get(row["stack"]))
+                own = stacks.get(row["stack"]).links.get(profile.link_kind(_level(p, profile)))
+                _interval(row, "collective", borrowed(p, profile), own)
             elif p.kind == "parallel":
                 t_pub, (t, bound) = parallel_times(p)
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,

@@ -5,8 +5,10 @@ A library's own name (``nccl``, ``mpi``, ``gloo``) is its current stack: each pr
 runs of 2019 on (2017 for gloo). A **dated stack** (``nccl-2.0-mpi``: NCCL 2.0 with one
 MPI process per GPU, as DeepBench ran it in 2017) carries its own latency and fraction of
 line rate, fitted by ``scripts/fit_achieved.py`` to the calibration part's collectives of
-that stack, on the link kind they ran on (``pcie``, ``nvlink``, ``network``), and the
-80 % bounds of its own residuals. On another link kind, or for a stack listed without
+that stack, on the link kind they ran on (``pcie``, ``nvlink``, ``network``), with the
+80 % bounds of their residuals, and how its rings cross nodes (``rings = "flat"``: one
+ring through every device, as NCCL 2.0 and Baidu's ring all-reduce ran; refdl's current
+model is two levels). On another link kind, or for a stack listed without
 measurements, the current stack's figures stand in and the interval is widened as for a
 borrowed link (``refdl.perf.intervals``).
 """
@@ -25,7 +27,7 @@ LIBRARIES = ("nccl", "mpi", "gloo")
 LINK_KINDS = ("pcie", "nvlink", "network")
 HELP = (
     "nccl, mpi or gloo (default: the profile's), or a dated stack of one: nccl-2.0-mpi, "
-    "nccl-2.0-single, nccl-1.x (refdl.hw.stacks)"
+    "nccl-2.0-single, nccl-1.x, baidu-ring (refdl.hw.stacks)"
 )  # --library of predict and plan
 
 
@@ -37,6 +39,8 @@ class StackLink:
     fraction: float  # of the link's line rate
     points: int
     source: str
+    log_q10: float | None = None  # 80 % bounds of log(measured / predicted) over the
+    log_q90: float | None = None  # calibration collectives fitted (None: too few)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +52,7 @@ class Stack:
     years: str
     description: str
     links: dict[str, StackLink]  # link kind -> figures (empty: never measured)
-    log_q10: float | None = None  # 80 % bounds of log(measured / predicted), its own
-    log_q90: float | None = None  # calibration collectives (None: too few or unmeasured)
+    flat: bool = False  # across nodes one ring through every device (2017's), not two levels
 
     @property
     def current(self) -> bool:
@@ -77,10 +80,11 @@ def _parse(name: str, s: dict[str, Any]) -> Stack:
         if kind not in LINK_KINDS:
             raise ValueError(f"stacks.toml: stack {name}: link kind {kind} not in {LINK_KINDS}")
         links[kind] = StackLink(float(f["latency_s"]), float(f["fraction"]), int(f["points"]),
-                                str(f["source"]))  # fmt: skip
-    q = s.get("residuals", {})
+                                str(f["source"]), f.get("log_q10"), f.get("log_q90"))  # fmt: skip
+    if s.get("rings", "hierarchical") not in ("flat", "hierarchical"):
+        raise ValueError(f"stacks.toml: stack {name}: rings is flat or hierarchical")
     return Stack(name, s["library"], str(s.get("years", "")), str(s.get("description", "")),
-                 links, q.get("log_q10"), q.get("log_q90"))  # fmt: skip
+                 links, s.get("rings") == "flat")  # fmt: skip
 
 
 def get(name: str) -> Stack:

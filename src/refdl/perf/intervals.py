@@ -40,18 +40,18 @@ def table() -> dict[str, Any]:
 
 
 def time_interval(
-    kind: str, t: float, borrowed: bool = False, stack: Any = None
+    kind: str, t: float, borrowed: bool = False, own: Any = None
 ) -> tuple[float, float] | None:
     """The stated interval of a predicted time ``t`` of ``kind`` (collective or step),
-    or None when no interval was fitted for that kind. A dated collective ``stack``
-    (``refdl.hw.stacks.Stack``) that rests on its own figures states its own residuals'
-    bounds; borrowed, it is widened as any borrowed figure."""
+    or None when no interval was fitted for that kind. A dated collective stack's own
+    figures on the link (``own``, a ``refdl.hw.stacks.StackLink``) state their own
+    residuals' bounds."""
     q = table().get(kind)
     if not q:
         return None
+    if own is not None and own.log_q10 is not None and not borrowed:
+        return t * math.exp(own.log_q10), t * math.exp(own.log_q90)
     widen = q.get("borrowed_log_spread", 0.0) if borrowed else 0.0
-    if stack is not None and not borrowed and stack.log_q10 is not None:
-        return t * math.exp(stack.log_q10), t * math.exp(stack.log_q90)
     return t * math.exp(q["log_q10"] - widen), t * math.exp(q["log_q90"] + widen)
 
 
