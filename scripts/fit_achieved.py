@@ -60,10 +60,6 @@ MEMORY = 0.9
 CPU = ("local", "xeon-e5-2680v2-fdr", "knl-omnipath")
 
 
-def _kind(profile, level: str) -> str:
-    return profile.link_kind(level)
-
-
 def write_stacks(fits: dict, today: str) -> None:
     """``stacks.toml`` again: its comment header and each stack's library, years,
     description and rings as they are, with the fitted ``[links.<kind>]`` (figures and
@@ -129,7 +125,7 @@ def block(name: str, devices: dict, links: dict, medians: dict, today: str) -> s
                        f"by scripts/fit_achieved.py, {today}")  # fmt: skip
                 lat, frac = v["latency_s"], v["fraction"]
             else:
-                kind = _kind(p, level)
+                kind = p.link_kind(level)
                 if (lib, kind) not in medians:
                     continue
                 m = medians[(lib, kind)]
@@ -185,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     links = fit_links(points)
     medians = {}
     for (name, lib, level), v in links.items():
-        medians.setdefault((lib, _kind(hw.load(name), level)), []).append((name, v))
+        medians.setdefault((lib, hw.load(name).link_kind(level)), []).append((name, v))
     medians = {
         k: {"latency_s": median(v["latency_s"] for _, v in vs),
             "fraction": median(v["fraction"] for _, v in vs),

@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer",
                    help="sgd, momentum or adam (its state's size; default: a refdl model's "
                    "own optimizer, adam for a shape)")  # fmt: skip
-    p.add_argument("--library", help=stacks.HELP)
+    p.add_argument("--library", help=stacks.help_text())
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, exact before compressed gradients, fewer "

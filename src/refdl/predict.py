@@ -52,13 +52,14 @@ STEP_KEYS = ("compute_s", "comm_s", "bubble_s")
 
 
 def _collective_interval(profile: Any, library: str | None, workers: int, t: float) -> dict:
-    """``time_low_s`` / ``time_high_s``: the stated 80 % interval of a collective's time."""
+    """``time_low_s`` / ``time_high_s``: the stated 80 % interval of a collective's time,
+    and ``stack_note``: what a dated stack's figures rest on (``refdl.hw.stacks.note``)."""
     level = collective_level(profile, workers)[0]
-    stack = stacks.get(library or profile.default_library())
-    borrowed = profile.borrowed_link(stack.name, level)
-    own = stack.links.get(profile.link_kind(level))
-    iv = intervals.time_interval("collective", t, borrowed, own)
-    return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None}
+    name = library or profile.default_library()
+    own = profile.stack_figures(name, level)
+    iv = intervals.time_interval("collective", t, profile.borrowed_link(name, level), own)
+    return {"time_low_s": iv[0] if iv else None, "time_high_s": iv[1] if iv else None,
+            "stack_note": stacks.note(name, profile.link_kind(level))}  # fmt: skip
 
 
 def collective_level(profile: Any, workers: int, nodes: int | None = None) -> tuple[str, int, bool]:
@@ -175,10 +176,6 @@ def predict_collective(
                 "bytes": n,
                 "time_s": t,
                 **_collective_interval(profile, library, w, t),
-                "stack_note": stacks.note(
-                    library or profile.default_library(),
-                    profile.link_kind(collective_level(profile, w)[0]),
-                ),
                 "bound_time_s": bound,
                 "algbw": algbw,
                 "busbw": busbw,
@@ -272,7 +269,7 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="fused",
                    help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
                         "a layer kept for the backward)")  # fmt: skip
-    p.add_argument("--library", help=stacks.HELP)
+    p.add_argument("--library", help=stacks.help_text())
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
     return p
@@ -461,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--hw", required=True, help="profile name or .toml path")
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
-    c.add_argument("--library", help=stacks.HELP)
+    c.add_argument("--library", help=stacks.help_text())
     c.add_argument(
         "--density", type=float, help="--algo sparse|sparse-split: the fraction each rank keeps"
     )

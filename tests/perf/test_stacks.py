@@ -22,7 +22,7 @@ DEEPBENCH_P100_4X_258MB_S = 67.212285e-3  # DeepBench_NV_P100.xlsx, 64500000 flo
 
 def test_dated_stacks_carry_the_fit_of_their_own_calibration_collectives():
     """fit_stacks on the data set gives the figures stacks.toml ships; no held-out point
-    is read; HELP names every dated stack."""
+    is read; the help names every dated stack."""
     points, split = P.load()
     deepbench = [p for p in points if p.stack]
     fits = P.fit_stacks(deepbench)
@@ -48,7 +48,7 @@ def test_dated_stacks_carry_the_fit_of_their_own_calibration_collectives():
     assert fits[("baidu-ring", "network")]["fraction"] == pytest.approx(0.49, abs=0.01)
     assert stacks.get("baidu-ring").flat and not stacks.get("nccl").flat
     dated = [n for n, s in stacks.table().items() if not s.current]
-    assert dated and all(n in stacks.HELP for n in dated)
+    assert dated and all(n in stacks.help_text() for n in dated)
 
 
 def test_the_held_out_p100_table_with_its_stack_and_with_todays_nccl():

@@ -314,7 +314,7 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            bytes=p.bytes, faster_than_bound=t_pub < bound * (1 - 1e-9),
                            stack=_library(p, profile), year=p.year)  # fmt: skip
-                own = stacks.get(row["stack"]).links.get(profile.link_kind(_level(p, profile)))
+                own = profile.stack_figures(row["stack"], _level(p, profile))
                 _interval(row, "collective", borrowed(p, profile), own)
             elif p.kind == "parallel":
                 t_pub, (t, bound) = parallel_times(p)

@@ -135,14 +135,18 @@ class HardwareProfile:
         text = (self.links[level].source + self.description).lower()
         return "nvlink" if "nvlink" in text and "pcie" not in self.name else "pcie"
 
+    def stack_figures(self, library: str, level: str) -> Any:
+        """A dated stack's own figures (``refdl.hw.stacks.StackLink``) on ``level``'s kind
+        of link; None for a library's current stack or a kind it never ran on."""
+        return stack_of(library).links.get(self.link_kind(level))
+
     def borrowed_link(self, library: str, level: str) -> bool:
         """Whether the achieved figures of ``library`` on ``level`` are borrowed: none of
         this link's own collectives was fitted (``scripts/fit_achieved.py`` then writes
         the median of fitted links, its source starting "no ..."), or there are none; for
         a dated stack, whether it was never measured on this kind of link."""
-        stack = stack_of(library)
-        if not stack.current:
-            return self.link_kind(level) not in stack.links
+        if not stack_of(library).current:
+            return self.stack_figures(library, level) is None
         a = self.achieved
         link = a.links.get(library, {}).get(level) if a else None
         return link is None or link.source.startswith("no ")
@@ -194,8 +198,8 @@ class HardwareProfile:
             raise UsageError(
                 f"unknown --precision {precision!r}; choose one of: {', '.join(PRECISIONS)}"
             )
-        stack = stack_of(library or self.default_library())  # a library or a dated stack
-        library = stack.library
+        name = library or self.default_library()  # a library or a dated stack
+        library = stack_of(name).library
         links = dict(self.links)
         if kind == "bound":
             links = {k: dataclasses.replace(v, achievable=1.0) for k, v in links.items()}
@@ -208,7 +212,7 @@ class HardwareProfile:
                     )
         if kind == "expected":  # a dated stack's own figures, on the kinds it ran on
             for level in links:
-                if (own := stack.links.get(self.link_kind(level))) is not None:
+                if (own := self.stack_figures(name, level)) is not None:
                     links[level] = dataclasses.replace(
                         links[level], latency_s=own.latency_s, achievable=own.fraction
                     )

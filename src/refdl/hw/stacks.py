@@ -25,10 +25,6 @@ from refdl.errors import UsageError
 
 LIBRARIES = ("nccl", "mpi", "gloo")
 LINK_KINDS = ("pcie", "nvlink", "network")
-HELP = (
-    "nccl, mpi or gloo (default: the profile's), or a dated stack of one: nccl-2.0-mpi, "
-    "nccl-2.0-single, nccl-1.x, baidu-ring (refdl.hw.stacks)"
-)  # --library of predict and plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +81,16 @@ def _parse(name: str, s: dict[str, Any]) -> Stack:
         raise ValueError(f"stacks.toml: stack {name}: rings is flat or hierarchical")
     return Stack(name, s["library"], str(s.get("years", "")), str(s.get("description", "")),
                  links, s.get("rings") == "flat")  # fmt: skip
+
+
+def help_text() -> str:
+    """``--library``'s help in ``refdl predict`` and ``refdl plan``: the libraries and the
+    dated stacks ``stacks.toml`` names."""
+    dated = ", ".join(n for n, s in table().items() if not s.current)
+    return (
+        f"{', '.join(LIBRARIES[:-1])} or {LIBRARIES[-1]} (default: the profile's), or a "
+        f"dated stack of one: {dated} (refdl.hw.stacks)"
+    )
 
 
 def get(name: str) -> Stack:
