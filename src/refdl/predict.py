@@ -269,6 +269,10 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="fused",
                    help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
                         "a layer kept for the backward)")  # fmt: skip
+    p.add_argument("--compute", default="shape",
+                   help="transformers on a GPU: shape (each matrix product priced by its "
+                        "M, N, K: a kernel's latency, small products memory-bound; default) "
+                        "or flops (every FLOP alike)")  # fmt: skip
     p.add_argument("--library", help=stacks.help_text())
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
@@ -341,6 +345,7 @@ def _step_main(argv: list[str]) -> int:
             sequence_parallel=args.sequence_parallel,
             remat=args.remat,
             attention=args.attention,
+            compute=args.compute,
             stage_boundaries=_boundaries(args.stage_boundaries),
         )
         rows = predict_steps(

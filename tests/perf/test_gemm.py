@@ -49,3 +49,80 @@ def test_the_bench_fits_on_the_p100_and_reports_the_held_out_v100(tmp_path):
     assert 0.05 < waves["heldout fp32"]["median_abs_error"] < 0.12
     assert waves["calibration"]["median_abs_error"] < roof["calibration"]["median_abs_error"]
     assert min(m["heldout fp16"]["p90_abs_error"] for m in (roof, waves)) > 0.4
+    # the step prices products with exactly the roofline's fitted figures
+    assert roof["figures"] == {"fraction": gemm.STEP.fraction, "latency_s": gemm.STEP.latency_s,
+                               "decay": 0.0}  # fmt: skip
+
+
+MOE = {  # Mixtral 8x7B's shape, and DeepSeek-V3's (latent attention, shared experts)
+    "mixtral": dict(layers=32, d_model=4096, heads=32, seq=4096, vocab=32000, ffn=14336,
+                    kv_heads=8, gated=True, experts=8, top_k=2),
+    "deepseek": dict(layers=61, d_model=7168, heads=128, seq=4096, vocab=129280, ffn=2048,
+                     gated=True, experts=256, top_k=8, shared_experts=1, dense_layers=3,
+                     dense_ffn=18432, q_lora=1536, kv_lora=512, rope_dim=64, head_dim=128),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-70b", "mixtral", "deepseek"])
+def test_a_layers_products_hold_its_flops(name):
+    """The products one layer's forward is dealt into carry the FLOPs
+    ``layer_forward_flops`` counts (less the attention core, priced apart), on any
+    tensor and expert split: a device's products are its tokens' share of the tensor
+    split's (experts spread over the expert ranks take those ranks' tokens: the same
+    FLOPs a device); the router is every tensor rank's."""
+    from refdl.perf.transformer import TransformerShape
+    from refdl.perf.zoo import TRANSFORMERS
+
+    shape = TransformerShape(**MOE[name]) if name in MOE else TRANSFORMERS.get(name).shape
+    s = shape.seq
+    core = 2.0 * s * s * (shape.d_qk + shape.d_v)
+    want = shape.layer_forward_flops() - core
+    for tp, ep in ((1, 1), (8, 1), (4, 8) if shape.experts else (2, 1)):
+        got = sum(2 * m * n * k * c for m, n, k, c in gemm.layer_products(shape, s, tp, ep))
+        router = 2.0 * s * shape.d_model * shape.experts * shape.moe_layers / shape.layers
+        assert got == pytest.approx((want - router) / tp + router, rel=1e-9)  # replicated
+
+
+def test_small_products_pay_latency_and_memory():
+    """A microbatch's shape has a price: at the same tokens a step, one of 1 sequence
+    pays 4 times the latencies of one of 4; a token's products at tensor degree 8 cost
+    more than at 1 (narrower products, same latencies); the overhead is 0 without any."""
+    from refdl.perf.zoo import TRANSFORMERS
+
+    shape = TRANSFORMERS.get("gpt3-175b").shape
+    peak, bw = 312e12, 2.0e12
+    one = gemm.step_overhead_s(shape, shape.seq, 6, 3, 2, peak, bw, tp=8)
+    four = gemm.step_overhead_s(shape, 4 * shape.seq, 6, 3, 2, peak, bw, tp=8)
+    assert 4 * one > four > one > 0
+    # six products a layer forward (4 products, the core, the logits' share): 3 passes
+    lat = gemm.STEP.latency_s
+    assert one == pytest.approx(3 * 6 * (4 * lat + lat) + 3 * 6 / 96 * lat, rel=0.05)
+    wide = gemm.step_overhead_s(shape, shape.seq, 6, 3, 2, peak, bw, tp=1)
+    assert wide == pytest.approx(one, rel=0.05)  # compute-bound at s = 2048: latency only
+    tiny = gemm.step_overhead_s(shape, 64, 6, 3, 2, peak, bw, tp=8)
+    assert tiny > one  # 64 tokens: memory-bound, the weights' bytes dominate
+
+
+def test_the_step_adds_each_microbatchs_overhead_to_its_flops_time():
+    """``--compute shape`` (the default) adds, per microbatch, the busiest device's
+    ``step_overhead_s`` to the FLOPs' time of ``--compute flops``; the bound prices no
+    shape; a CPU profile (its own operation rates) is unchanged."""
+    from refdl import hw
+    from refdl.perf import PredictOptions
+    from refdl.perf import costs as K
+    from refdl.perf.model_cost import model_cost
+
+    m = model_cost("gpt3-175b")
+    view = hw.load("a100-nvlink-ib-hdr").view("expected", "bf16", "transformer")
+    o = dict(mesh="data=8,model=8,pipe=8", microbatches=16, precision="bf16",
+             optimizer_words=2)  # fmt: skip
+    shape = K.hybrid(m, view, 512, 512, PredictOptions(**o))
+    flops = K.hybrid(m, view, 512, 512, PredictOptions(**o, compute="flops"))
+    want = 16 * gemm.step_overhead_s(m.transformer, 4 * 2048, 12, 3, 2, 312e12, 2.0e12, tp=8)
+    assert shape.compute_s - flops.compute_s == pytest.approx(want, rel=1e-6)
+    assert 0.005 < want / flops.compute_s < 0.05  # 2048-token products: latency, ~2 %
+    assert shape.bubble_s > flops.bubble_s  # the bubble is of the longer step
+    bound = hw.load("a100-nvlink-ib-hdr").view("bound", "bf16", "transformer")
+    assert K.hybrid(m, bound, 512, 512, PredictOptions(**o)).compute_s == pytest.approx(
+        K.hybrid(m, bound, 512, 512, PredictOptions(**o, compute="flops")).compute_s
+    )

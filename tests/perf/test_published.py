@@ -385,6 +385,15 @@ def test_configuration_searches_are_ranked_and_reported(bench_json):
         if p.part == "calibration" and p.value and "Table 5" not in p.where
     )  # the new calibration rows are never fitted
     # a search's points are predicted like any parallel point, with intervals
+    # plan's tie band is what its recipe gives on the step as priced today: the 80th
+    # percentile of BLOOM's 105 pairs' |log(predicted ratio / measured ratio)|
+    from refdl.bench.searches import TIE_SOURCE
+    from refdl.perf.search import TIE_BAND
+
+    pairs = sorted(e for c in cases if c.get("source") == TIE_SOURCE
+                   for e in c.get("pair_log_errors", []))  # fmt: skip
+    assert len(pairs) == 105
+    assert math.exp(pairs[int(0.8 * len(pairs))]) == pytest.approx(TIE_BAND, abs=5e-4)
     rows = [r for r in bench_json["points"] if r.get("search_key")]
     assert len(rows) >= 40 and all("low" in r for r in rows)
     assert max(abs(r["error"]) for r in rows if r["part"] == "heldout") <= 0.5

@@ -122,6 +122,10 @@ class HardwareProfile:
     # the device's own memory bandwidth, kept by a view that folds memory-bound work into
     # its fractions (memory_bandwidth inf): what a pass over real bytes takes (B/s)
     stream_bandwidth: float | None = None
+    # the device's datasheet peak of the view's precision, kept by an expected view (its
+    # float32 entry an achieved rate): what a matrix product's shape is priced against
+    # (refdl.perf.gemm); None in a bound, which prices no shape
+    datasheet_flops: float | None = None
 
     def default_library(self) -> str:
         """The communication library predictions assume unless told (``--library``)."""
@@ -229,10 +233,13 @@ class HardwareProfile:
         if a is not None:  # the fractions were fitted to whole steps: memory-bound work
             peak *= a.fraction(op_class, dtype) * architecture  # is inside them, and XLA's
             bw = math.inf  # byte count, taken before fusion, is no estimate of traffic
+        datasheet = d.peak_flops.get(dtype, d.peak_flops["float32"])
         flops = {**d.peak_flops, "float32": peak}
         device = dataclasses.replace(d, peak_flops=flops, memory_bandwidth=bw)
         return dataclasses.replace(self, device=device, links=links,
-                                   stream_bandwidth=d.memory_bandwidth)  # fmt: skip
+                                   stream_bandwidth=d.memory_bandwidth,
+                                   datasheet_flops=datasheet if kind == "expected"
+                                   else None)  # fmt: skip
 
     @property
     def peak_flops(self) -> float:

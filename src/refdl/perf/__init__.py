@@ -107,6 +107,10 @@ class PredictOptions:
     # attention scores kept for the backward: none with a fused kernel (flash attention,
     # every current stack's default), 5 a s^2 b bytes a layer unfused
     attention: str = _opt("fused", Choice(("fused", "unfused")))
+    # transformers on an NVIDIA GPU: each matrix product priced by its shape on the
+    # device (a kernel's latency, small products' memory-bound excess; refdl.perf.gemm),
+    # or every FLOP alike (flops)
+    compute: str = _opt("shape", Choice(("shape", "flops")))
     # transformers on pipe > 1: the layers where the second stage on begin (default: equal
     # stages, or a layer fewer at the ends where pipe does not divide the layers)
     stage_boundaries: tuple[int, ...] | None = _opt(None, Optional(Ints(like="7,15")))

@@ -29,7 +29,7 @@ from refdl.config.mesh import MeshSpec
 from refdl.core.layers import sfb_mode
 from refdl.errors import UsageError
 from refdl.parallel.schedule import bubble as bubble_fraction
-from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed
+from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed, gemm
 from refdl.perf.collectives import (
     ALLREDUCE,
     Link,
@@ -42,6 +42,7 @@ from refdl.perf.collectives import (
 from refdl.perf.model_cost import ModelCost
 from refdl.perf.overlap import bucketed_step
 from refdl.perf.transformer import (
+    ACT_BYTES,
     activation_bytes,
     axis_comm,
     axis_links,
@@ -390,6 +391,23 @@ def context(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) ->
     return transformer_step(m, hw, batch, MeshSpec(context=workers), opts)
 
 
+def shape_overhead(shape: Any, hw: Any, sequences: float, layers: float, mesh: MeshSpec,
+                   opts: PredictOptions) -> float:  # fmt: skip
+    """One microbatch of ``sequences`` on the busiest device of ``layers``: what its matrix
+    products take beyond their FLOPs (``refdl.perf.gemm.step_overhead_s``), where
+    ``--compute shape`` and the device is a GPU ``gemm`` has figures for; else 0."""
+    dev, peak = getattr(hw, "device", None), getattr(hw, "datasheet_flops", None)
+    if opts.compute != "shape" or dev is None or not peak or not gemm.applies(dev.name):
+        return 0.0
+    passes = 4 if opts.remat == "full" else 3
+    stream = getattr(hw, "stream_bandwidth", None) or dev.memory_bandwidth
+    return gemm.step_overhead_s(
+        shape, sequences * shape.seq / mesh.context, layers, passes,
+        ACT_BYTES.get(opts.precision, 4), peak, stream, tp=mesh.model, ep=mesh.expert,
+        cp=mesh.context,
+    )  # fmt: skip
+
+
 def transformer_step(
     m: ModelCost, hw, batch: int, mesh: MeshSpec, opts: PredictOptions
 ) -> CostBreakdown:
@@ -432,6 +450,7 @@ def transformer_step(
     elif mesh.pipe > 1:
         busiest = -(-shape.layers // mesh.pipe)
     t *= busiest / (shape.layers / mesh.pipe)
+    t += shape_overhead(shape, hw, b / mb, busiest, mesh, opts) * mb
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
         microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,

@@ -13,14 +13,19 @@
 
 ``scripts/bench_gemm_shapes.py`` fits each model's figures to the calibration rows of
 DeepBench's per-shape GEMMs (``docs/published/gemm_deepbench.csv``) and judges them on
-the held-out rows. Neither is wired into ``refdl predict``'s step yet: that needs the
-held-out evidence the bench reports (docs/performance-model.md).
+the held-out rows. ``roofline`` predicted the held-out generation better, so a
+transformer's step uses it (``step_overhead_s``, with ``STEP``'s figures): what its
+matrix products, at their shapes on one device, take beyond their arithmetic at
+``STEP.fraction`` of peak - a kernel's latency each, and the memory-bound excess of
+small products. That excess is what gives a microbatch's size (and a tensor-parallel
+degree) a price of its own (docs/performance-model.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 # Streaming multiprocessors per device name (the profiles' [device] name): NVIDIA's Tesla
 # P100 whitepaper (56 of the GP100's 60), Tesla V100 whitepaper (80 of 84), A100 (108 of
@@ -50,6 +55,12 @@ class Figures:
     fraction: float
     latency_s: float
     decay: float = 0.0
+
+
+# ``roofline``'s figures fitted to DeepBench's 160 P100 GEMMs (2017) and judged on the same
+# shapes on a V100 (held out: 4.0 % median |error| in fp32, 10.6 % in fp16 on Tensor
+# Cores; scripts/bench_gemm_shapes.py, docs/bench/gemm_shapes.json, 2026-11-27).
+STEP = Figures(fraction=0.86, latency_s=1e-6 * 2 ** (9 / 2))  # 22.6 us
 
 
 def memory_s(m: int, n: int, k: int, width: int, dev: Device) -> float:
@@ -95,3 +106,69 @@ def fit(model: str, rows: list[tuple[int, int, int, int, Device, float]]) -> Fig
                 if best is None or loss < best[0]:
                     best = (loss, f)
     return best[1]
+
+
+def applies(device_name: str) -> bool:
+    """Whether ``STEP``'s figures describe the device: the NVIDIA GPUs of ``SMS`` (the
+    figures were fitted on a P100 and held out on a V100; a CPU's own operation rates,
+    ``[device.ops]``, already carry its shapes)."""
+    return device_name in SMS
+
+
+def layer_products(shape: Any, tokens: float, tp: int = 1, ep: int = 1) -> list[tuple]:
+    """One layer's forward matrix products on one device as ``(m, n, k, count)``, for
+    ``tokens`` tokens of a microbatch (the mean over layers where the first are dense):
+    the attention's input projections as one product (latent attention's too, counted as
+    from the residual stream: its FLOPs, not its exact shapes), its output projection,
+    the MLP's up (gated: both halves) and down products split ``tp`` ways, a routed
+    expert's over the tokens the ``ep`` ranks send it (``E / ep`` experts a device),
+    shared experts and the router."""
+    h = shape.d_model
+    inputs = (shape.attention_params() - shape.d_v * h) / h
+    out = [(tokens, inputs / tp, h, 1.0), (tokens, h, shape.d_v / tp, 1.0)]
+
+    def mlp(rows: float, width: float, count: float) -> list[tuple]:
+        ups = (2 if shape.gated else 1) * width / tp
+        return [(rows, ups, h, count), (rows, h, width / tp, count)]
+
+    if not shape.experts:
+        return out + mlp(tokens, shape.hidden, 1.0)
+    moe = shape.moe_layers / shape.layers
+    dense = 1.0 - moe
+    if dense:
+        out += mlp(tokens, shape.dense_ffn or shape.hidden, dense)
+    per_expert = max(1.0, tokens * ep * shape.routed / shape.experts)
+    out += mlp(per_expert, shape.hidden, moe * shape.experts / ep)
+    if shape.shared_experts:
+        out += mlp(tokens, shape.hidden, moe * shape.shared_experts)
+    out.append((tokens, shape.experts, h, moe))
+    return out
+
+
+def products_overhead_s(products: list[tuple], width: int, peak: float, bandwidth: float,
+                        f: Figures = STEP) -> float:  # fmt: skip
+    """What ``products`` take beyond their arithmetic at ``f.fraction`` of ``peak``:
+    ``roofline``'s latency and memory-bound excess, on a device of ``bandwidth``."""
+    dev = Device(peak, bandwidth, 0)
+    extra = 0.0
+    for m, n, k, count in products:
+        m, n, k = max(1, math.ceil(m)), max(1, math.ceil(n)), max(1, math.ceil(k))
+        ideal = 2.0 * m * n * k / (peak * f.fraction)
+        extra += count * (roofline_s(m, n, k, width, dev, f) - ideal)
+    return extra
+
+
+def step_overhead_s(shape: Any, tokens: float, layers: float, passes: float, width: int,
+                    peak: float, bandwidth: float, tp: int = 1, ep: int = 1,
+                    cp: int = 1) -> float:  # fmt: skip
+    """One microbatch's shape overhead on a device running ``layers`` layers (a stage's
+    share of the logits beside them): ``passes`` forward-sized passes of each product
+    (3: forward and backward's two; 4 with full recomputation), and the attention core
+    as one fused kernel a pass (``cp`` on a context ring), compute-bound, so its latency
+    alone."""
+    per_layer = products_overhead_s(layer_products(shape, tokens, tp, ep), width, peak,
+                                    bandwidth)  # fmt: skip
+    logits = products_overhead_s([(tokens, shape.vocab / tp, shape.d_model, 1.0)], width,
+                                 peak, bandwidth)  # fmt: skip
+    core = cp * STEP.latency_s
+    return passes * (layers * (per_layer + core) + logits * layers / shape.layers)
