@@ -83,7 +83,8 @@ def collective_pair(
 ) -> tuple[float, float]:
     """(expected, bound) seconds of one collective. Expected: the library's achieved
     latency and fraction of line rate; an allreduce ring across nodes in two levels (a
-    dated stack with flat rings: one ring on the network). Bound: line rate; for an
+    dated stack with flat rings: one ring through every device, at its slowest hop's
+    pace). Bound: line rate; for an
     allreduce, ``allreduce_lower_bound`` (in-network reduction)."""
     level, per_node, multi = collective_level(profile, workers, nodes)
     view = profile.view("expected", library=library)
@@ -100,6 +101,11 @@ def collective_pair(
         inter = view.links["inter"]
         t = allreduce_hierarchical(n, workers, per_node, view.links["intra"].alpha_beta(),
                                    inter.alpha_beta(), inter.nics_per_node)  # fmt: skip
+    elif op == "allreduce" and algo == "ring" and multi and flat and "intra" in view.links:
+        # one ring through every device: each of its 2(p-1) steps moves n/p over every
+        # hop at once, so the slowest hop (the network's, or the node's own) sets the pace
+        t = max(collective_time(op, algo, n, workers, view.links[lv].alpha_beta())
+                for lv in ("intra", level))  # fmt: skip
     else:
         t = collective_time(op, algo, n, workers, view.links[level].alpha_beta())
     if op == "allreduce":

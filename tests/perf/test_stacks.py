@@ -130,3 +130,28 @@ def test_a_step_priced_with_a_dated_stack_says_what_its_links_rest_on():
     assert now["stack_note"] is None and "its own figures on pcie" in old["stack_note"]
     far = row("p100-nvlink-ib-edr", "nccl-2.0-mpi")["stack_note"]
     assert "never measured on nvlink" in far and "interval" not in far
+
+
+def test_a_flat_ring_runs_at_its_slowest_hops_pace():
+    """Across servers a dated stack's one ring moves n/p over every hop each step: on
+    DeepBench's boxes the network (0.705 of FDR) is slower than PCIe (0.40 of Gen3), so
+    the ring is the network's; a node whose links are 10x slower sets the pace instead."""
+    import dataclasses
+
+    from refdl.perf.collectives import collective_time
+    from refdl.predict import collective_pair
+
+    box = hw.load("deepbench-pcie3")
+    n, p = 4 * 6553600, 16
+    t = collective_pair(box, "allreduce", "ring", n, p, "nccl-2.0-mpi", nodes=2)[0]
+    view = box.view("expected", library="nccl-2.0-mpi")
+    net = collective_time("allreduce", "ring", n, p, view.links["inter"].alpha_beta())
+    assert t == pytest.approx(net)
+    slow = dict(box.links)
+    slow["intra"] = dataclasses.replace(box.links["intra"],
+                                        bandwidth=box.links["intra"].bandwidth / 10)  # fmt: skip
+    slow_box = dataclasses.replace(box, links=slow)
+    t_slow = collective_pair(slow_box, "allreduce", "ring", n, p, "nccl-2.0-mpi", nodes=2)[0]
+    intra = slow_box.view("expected", library="nccl-2.0-mpi").links["intra"].alpha_beta()
+    assert t_slow == pytest.approx(collective_time("allreduce", "ring", n, p, intra))
+    assert t_slow > 3 * t
