@@ -215,6 +215,7 @@ def test_conformal_bounds_cover_a_new_draw_at_least_the_level():
     x = list(range(15))
     assert conformal(x) == (0, 14)  # n = 15: the extremes, (15 - 1) / 16 = 87.5 %
     assert conformal(list(range(93))) == (8, 84)  # the 9th and 85th smallest
+    assert conformal(list(range(9))) == (0, 8)  # (9 + 1) x 0.1 is 1, not 0.999...
     rng = np.random.default_rng(0)
     hits = 0
     for _ in range(4000):
@@ -471,3 +472,9 @@ def test_issue_52_goals_are_judged_from_the_held_out_summary():
     assert [g["met"] for g in got] == [True, False, False]  # width x1.9 but holds 79 %
     s["heldout"]["step"]["coverage"] = 0.8
     assert P.goals(s)[2]["met"] and "not met" in P.goal_lines(P.goals(s))[2]
+    # the transformers on layouts are judged beside the steps, never in their place
+    s["heldout"]["parallel"] = {"median_abs_error": 0.05, "median_interval_width": 1.31,
+                                "coverage": 0.83}  # fmt: skip
+    got = P.goals(s)
+    assert [g["met"] for g in got] == [True, False, True, True, True]
+    assert "transformers" in got[3]["goal"] and "transformers" in got[4]["goal"]

@@ -320,7 +320,10 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 t_pub, (t, bound) = parallel_times(p)
                 row.update(published=t_pub, predicted=t, bound=bound, error=t / t_pub - 1,
                            faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
-                _interval(row, "step", borrowed(p, hw.load(p.hw)))
+                profile = hw.load(p.hw)
+                dtype = profile.dtype_for(PRECISION[p.precision])
+                kind, _own = intervals.step_kind(profile, dtype, parallel_points.OP_CLASS)
+                _interval(row, kind, borrowed(p, profile))
                 if p.search:
                     lay = parallel_points.layout(p)
                     row["search_key"] = f"{p.search}@{p.workers}x{lay['global_batch']}"
@@ -427,6 +430,22 @@ def goals(s: dict[str, Any]) -> list[dict[str, Any]]:
         {"goal": "80 % interval's median width (steps), coverage >= 80 %", "value": width,
          "coverage": cov, "target": "<= x2",
          "met": width is not None and width <= 2.0 and cov is not None and cov >= 0.8},
+        *_layout_goals(s["heldout"].get("parallel")),
+    ]  # fmt: skip
+
+
+def _layout_goals(par: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The step goals again on the transformers on stated layouts (``parallel``), the
+    runs ``refdl plan`` chooses among; reported beside the steps', not instead of them."""
+    if not par:
+        return []
+    err, width, cov = par["median_abs_error"], par["median_interval_width"], par["coverage"]
+    return [
+        {"goal": "median step error (transformers on layouts)", "value": err,
+         "target": "<= 10 %", "met": err is not None and err <= 0.10},
+        {"goal": "80 % interval's width (transformers), coverage >= 80 %",
+         "value": width, "coverage": cov, "target": "<= x2",
+         "met": width is not None and width <= 2.0 and cov is not None and cov >= 0.8},
     ]  # fmt: skip
 
 
@@ -482,8 +501,9 @@ def conformal(residuals: list[float], level: float = 0.8) -> tuple[float, float]
     distribution (plain 10th/90th percentiles of 15 residuals cover only ~70 %)."""
     x = sorted(residuals)
     n = len(x)
-    lo = math.floor((n + 1) * (1 - level) / 2)
-    hi = math.ceil((n + 1) * (1 + level) / 2)
+    # rounded first: (9 + 1) x (1 - 0.8) / 2 is 0.999... in binary, whose floor is 0
+    lo = math.floor(round((n + 1) * (1 - level) / 2, 9))
+    hi = math.ceil(round((n + 1) * (1 + level) / 2, 9))
     return (x[lo - 1] if lo >= 1 else -math.inf), (x[hi - 1] if hi <= n else math.inf)
 
 
@@ -494,7 +514,12 @@ def fit_intervals(rows: list[dict[str, Any]], points: list[Point]) -> dict[str, 
     and for borrowed figures half the log-range of the fitted figures they are borrowed
     from (collectives: the fitted links' fractions; steps: the fitted device fractions)."""
     out: dict[str, dict] = {}
-    for kind in ("collective", "step", "scaling"):
+    for kind in ("collective", "step", "transformer", "scaling"):
+        if kind == "transformer":  # out of sample, as the steps
+            res = transformer_cv_residuals(points)
+            lo, hi = conformal(res)
+            out[kind] = {"log_q10": lo, "log_q90": hi, "points": len(res)}
+            continue
         cal = [r for r in rows if r["part"] == "calibration" and r["kind"] == kind
                and "predicted" in r and stacks.get(r.get("stack", "nccl")).current]  # fmt: skip
         if kind == "scaling":
@@ -625,6 +650,31 @@ def _alternate(rows: list[tuple], iterations: int = 200) -> tuple[dict, dict]:
         ref = arch.get(REFERENCE_MODEL, 0.0)  # ResNet-50 is 1: shift its log into dev
         arch = {k: v - ref for k, v in arch.items()}
     return dev, arch
+
+
+def transformer_cv_residuals(points: list[Point]) -> list[float]:
+    """log(published / predicted) step times of the calibration part's transformers on
+    stated layouts (``parallel``), each source predicted with the transformer fractions
+    fitted without it (leave one source out, as ``step_cv_residuals``); a point whose
+    device and dtype have no other source is left out."""
+    from refdl.bench import parallel_points as pp
+
+    cal = [p for p in points if p.part == "calibration" and p.kind == "parallel"
+           and not _skip(p)]  # fmt: skip
+    out = []
+    for source in sorted({p.source for p in cal}):
+        fits = pp.fit([p for p in points if p.source != source], PRECISION, _library)
+        for p in (q for q in cal if q.source == source):
+            profile, precision = hw.load(p.hw), PRECISION[p.precision]
+            dtype = profile.dtype_for(precision)
+            key = (profile.need_device().name, pp.OP_CLASS, dtype)
+            if key not in fits:
+                continue
+            view = profile.view("expected", precision, pp.OP_CLASS, _library(p, profile))
+            peak = profile.need_device().peak_flops[dtype]
+            t = pp.step_time(p, pp.at_fraction(view, peak, fits[key]["fraction"]), precision)
+            out.append(math.log(pp.published_time(p, precision) / t))
+    return out
 
 
 def step_cv_residuals(points: list[Point]) -> list[float]:

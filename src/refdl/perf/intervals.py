@@ -14,7 +14,12 @@ is widened on both sides by half the log-range of the fitted figures it was borr
 from (how far apart the links it could have been are). ``refdl bench published``
 measures the intervals' coverage and width on the held-out points.
 
-``intervals.toml`` is written by ``scripts/fit_achieved.py`` from the calibration part.
+A transformer's step on a device whose ``transformer`` fraction was fitted (its own,
+not borrowed) states the ``transformer`` kind's interval: its residuals are those of
+GPT-scale runs on stated layouts predicted with that fraction, not those of
+convolutional steps (``step_kind``).
+
+``intervals.toml`` is written by ``scripts/fit_intervals.py`` from the calibration part.
 """
 
 from __future__ import annotations
@@ -27,7 +32,21 @@ from typing import Any
 
 PATH = Path(__file__).with_name("intervals.toml")
 LEVEL = 0.8  # the stated coverage
-KINDS = ("collective", "step", "scaling")
+KINDS = ("collective", "step", "transformer", "scaling")
+TRANSFORMER = "transformer"  # the op class, and the interval kind, of GPT-scale layers
+
+
+def step_kind(profile: Any, dtype: str, op_class: str) -> tuple[str, bool]:
+    """(interval kind, borrowed) of a step of ``op_class`` in ``dtype`` on ``profile``:
+    ``transformer`` where the profile's own transformer fraction of that dtype (or its
+    16-bit twin) prices it and the kind was fitted, else ``step``, borrowed where the
+    device has no fraction of that dtype at all."""
+    a = getattr(profile, "achieved", None)
+    own = a.fractions.get(TRANSFORMER, {}) if a is not None else {}
+    alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
+    if op_class == TRANSFORMER and (dtype in own or alias in own) and TRANSFORMER in table():
+        return TRANSFORMER, False
+    return "step", profile.device is None or profile.borrowed_device(dtype)
 
 
 @functools.cache
@@ -42,7 +61,8 @@ def table() -> dict[str, Any]:
 def time_interval(
     kind: str, t: float, borrowed: bool = False, own: Any = None
 ) -> tuple[float, float] | None:
-    """The stated interval of a predicted time ``t`` of ``kind`` (collective or step),
+    """The stated interval of a predicted time ``t`` of ``kind`` (collective, step or
+    transformer),
     or None when no interval was fitted for that kind. A dated collective stack's own
     figures on the link (``own``, a ``refdl.hw.stacks.StackLink``) state their own
     residuals' bounds."""

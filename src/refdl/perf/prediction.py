@@ -142,7 +142,7 @@ def predict_steps(
                 "workers": w,
                 "global_batch": batch,
                 "step_time_s": c.step_time_s,
-                **_step_interval(profile, precision, c.step_time_s),
+                **_step_interval(profile, precision, c.step_time_s, m.op_class),
                 "bound_step_time_s": other["bound"],
                 "step_time_no_overlap_s": other["no_overlap"],
                 "step_time_full_overlap_s": other["full_overlap"],
@@ -182,9 +182,13 @@ def _by_axis(c: Any) -> dict[str, Any]:
         for axis, t, e, n in c.comm_by_axis}}  # fmt: skip
 
 
-def _step_interval(profile: Any, precision: str, t: float) -> dict[str, float | None]:
+def _step_interval(
+    profile: Any, precision: str, t: float, op_class: str
+) -> dict[str, float | None]:
     """``step_time_low_s`` / ``step_time_high_s``: the stated 80 % interval of a step
-    time (``refdl.perf.intervals``; wider where the device's figure is borrowed)."""
-    borrowed = profile.device is None or profile.borrowed_device(profile.dtype_for(precision))
-    iv = intervals.time_interval("step", t, borrowed)
+    time (``refdl.perf.intervals``: a transformer's own where its fraction was fitted;
+    wider where the device's figure is borrowed)."""
+    dtype = profile.dtype_for(precision) if profile.device is not None else "float32"
+    kind, borrowed = intervals.step_kind(profile, dtype, op_class)
+    iv = intervals.time_interval(kind, t, borrowed)
     return {"step_time_low_s": iv[0] if iv else None, "step_time_high_s": iv[1] if iv else None}

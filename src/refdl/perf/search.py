@@ -411,8 +411,8 @@ class Planner:
             c, r = self.muon_scheme(c, r, hw, opts, "muon" in self.owners[strategy].options)
             terms["muon"] = r.step_time_s - before
         dtype = self.profile.dtype_for(c.precision)
-        borrowed = self.profile.borrowed_device(dtype)
-        iv = intervals.time_interval("step", r.step_time_s, borrowed)
+        kind, borrowed = intervals.step_kind(self.profile, dtype, self.m.op_class)
+        iv = intervals.time_interval(kind, r.step_time_s, borrowed)
         return Priced(c, r.step_time_s, *(iv or (None, None)), int(r.memory_bytes), terms)
 
     def formula_cost(self, c: Config) -> tuple[str, PredictOptions, Any]:
