@@ -120,6 +120,7 @@ def test_the_step_adds_each_microbatchs_overhead_to_its_flops_time():
     flops = K.hybrid(m, view, 512, 512, PredictOptions(**o, compute="flops"))
     want = 16 * gemm.step_overhead_s(m.transformer, 4 * 2048, 12, 3, 2, 312e12, 2.0e12, tp=8)
     assert shape.compute_s - flops.compute_s == pytest.approx(want, rel=1e-6)
+    assert shape.shape_s == pytest.approx(want, rel=1e-6) and flops.shape_s == 0.0
     assert 0.005 < want / flops.compute_s < 0.05  # 2048-token products: latency, ~2 %
     assert shape.bubble_s > flops.bubble_s  # the bubble is of the longer step
     bound = hw.load("a100-nvlink-ib-hdr").view("bound", "bf16", "transformer")

@@ -47,6 +47,9 @@ class CostBreakdown:
     # per mesh axis: (axis, seconds on its link, seconds of it exposed, bytes a device
     # sends), where the formula splits its communication by axis (transformer shapes)
     comm_by_axis: tuple[tuple[str, float, float, float], ...] = ()
+    # of compute_s, what the matrix products' shapes add beyond their FLOPs' time
+    # (transformers on a GPU, ``--compute shape``: refdl.perf.gemm)
+    shape_s: float = 0.0
 
     @property
     def step_time_s(self) -> float:

@@ -450,7 +450,8 @@ def transformer_step(
     elif mesh.pipe > 1:
         busiest = -(-shape.layers // mesh.pipe)
     t *= busiest / (shape.layers / mesh.pipe)
-    t += shape_overhead(shape, hw, b / mb, busiest, mesh, opts) * mb
+    shaped = shape_overhead(shape, hw, b / mb, busiest, mesh, opts) * mb
+    t += shaped
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
         microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,
@@ -479,6 +480,7 @@ def transformer_step(
         flops=m.flops(b) * factor / split,
         comm_bytes=sum(n for *_, n in by_axis),
         comm_by_axis=by_axis,
+        shape_s=shaped,
     )
 
 

@@ -147,6 +147,7 @@ def predict_steps(
                 "step_time_no_overlap_s": other["no_overlap"],
                 "step_time_full_overlap_s": other["full_overlap"],
                 "compute_s": c.compute_s,
+                "compute_shape_s": c.shape_s,  # of compute_s: the products' shapes
                 "comm_s": c.comm_s,
                 "bubble_s": c.bubble_s,
                 "throughput": throughput,
