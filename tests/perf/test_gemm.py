@@ -127,3 +127,36 @@ def test_the_step_adds_each_microbatchs_overhead_to_its_flops_time():
     assert K.hybrid(m, bound, 512, 512, PredictOptions(**o)).compute_s == pytest.approx(
         K.hybrid(m, bound, 512, 512, PredictOptions(**o, compute="flops")).compute_s
     )
+
+
+def test_every_formula_a_transformer_takes_prices_its_shape():
+    """One device, data, ZeRO and pipeline stages price a shape-only transformer's products
+    by shape too (each as its devices run them): single on the shape the lent H200 ran through
+    refdl train (2.42 B, 16 x 1024 tokens, bf16) adds 16 ms to 0.48 s; data over 8 runs
+    an eighth of the sequences a device, so its latencies weigh more."""
+    from refdl import hw
+    from refdl.perf import PredictOptions
+    from refdl.perf import costs as K
+    from refdl.perf.model_cost import transformer_cost
+    from refdl.perf.shapes import parse_shape
+
+    m = transformer_cost("h200-run", parse_shape("layers=48,d_model=2048,heads=16,ffn=8192,"
+                                                 "vocab=65,positions=1", 1024))  # fmt: skip
+    view = hw.load("h100-nvlink").view("expected", "bf16", "transformer")
+    o = PredictOptions(precision="bf16", optimizer_words=2)
+    one = K.single(m, view, 16, 1, o)
+    assert 0.01 < one.shape_s < 0.03 and one.shape_s / one.compute_s < 0.05
+    flat = K.single(m, view, 16, 1, PredictOptions(precision="bf16", compute="flops"))
+    assert one.compute_s - flat.compute_s == pytest.approx(one.shape_s)
+    data = K.data(m, view, 16, 8, o)
+    assert data.shape_s > one.shape_s / 8  # 2 sequences a device: the same latencies
+    zero = K.fsdp(m, view, 16, 8, PredictOptions(precision="bf16", zero=3, microbatches=2))
+    assert zero.shape_s > data.shape_s  # recomputed forward, two microbatches of one
+    pipe = K.pipeline(m, view, 16, 4, PredictOptions(precision="bf16", microbatches=8))
+    assert pipe.shape_s > 0 and pipe.bubble_s > 0
+    assert K.single(m, hw.load("local").view("expected", "fp32"), 1, 1, o).shape_s == 0.0
+    # a model XLA costs (gpt2: the gemm fraction, fitted on whole steps) prices no shape
+    from refdl.perf.model_cost import model_cost
+
+    gemm_view = hw.load("h100-nvlink").view("expected", "bf16", "gemm")
+    assert K.single(model_cost("gpt2"), gemm_view, 16, 1, o).shape_s == 0.0

@@ -19,6 +19,7 @@ optimizer words, plus the activations kept for the backward pass.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +147,8 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     t = compute_time(
         m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **host_work(m, batch)
     )
+    shaped = whole_model_shape(m, hw, batch, MeshSpec(), opts)
+    t += shaped
     if m.transformer is not None:  # in the compute precision, as on a mesh (a 1x1 one)
         one = MeshSpec()
         mem = state_bytes(m.transformer, one, opts.optimizer_words, 0, opts.precision)
@@ -153,7 +156,7 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
                                 opts.precision, fused=opts.attention == "fused")  # fmt: skip
     else:
         mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
-    return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch))
+    return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch), shape_s=shaped)
 
 
 @FORMULAS.register("data_parallel")
@@ -162,11 +165,14 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
+    shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts)
+    t += shaped
     if opts.compress is not None or opts.allreduce in SPARSE:
         comm, coding, wire = compressed_exchange(m, hw, workers, opts)
         mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample + 4.0 * m.params
         return CostBreakdown(compute_s=t + coding, comm_s=exposed(comm, t, opts.overlap),
-                             memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire)  # fmt: skip
+                             memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire,
+                             shape_s=shaped)  # fmt: skip
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
@@ -195,6 +201,7 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
         memory_bytes=int(mem),
         flops=m.flops(b),
         comm_bytes=wire,
+        shape_s=shaped,
     )
 
 
@@ -266,6 +273,9 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     t = compute_time(m.flops(b) * remat, m.bytes(b) * remat, hw, ops=m.ops * remat,
                      sharing=p, work=m.op_work(b).scaled(share=remat, repeat=remat),
                      **host_work(m, batch, p))  # fmt: skip
+    again = dataclasses.replace(opts, remat="full") if z > 1 else opts  # forward recomputed
+    shaped = whole_model_shape(m, hw, b, MeshSpec(fsdp=p), again, microbatches=mb)
+    t += shaped
     rounds = {1: 2, 2: mb + 1, 3: 3 * mb}[z]
     psi = m.param_bytes
     comm = rounds * allgather_ring(psi, p, _link(hw, p, opts))
@@ -280,6 +290,7 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
         memory_bytes=int(mem),
         flops=m.flops(b) * remat,
         comm_bytes=rounds * (p - 1) * psi if p > 1 else 0,
+        shape_s=shaped,
     )
 
 
@@ -314,6 +325,9 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
     t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw, sharing=p,
                      **stage_walk(m, batch, p, mb, opts.schedule, opts.chunks))  # fmt: skip
+    layers = m.transformer.layers / p if m.transformer is not None else None
+    shaped = whole_model_shape(m, hw, batch, MeshSpec(pipe=p), opts, mb, layers)
+    t += shaped
     f = bubble_fraction(opts.schedule, p, mb, opts.chunks) if p > 1 else 0.0
     if getattr(getattr(hw, "device", None), "shared_cores", False):
         f = 0.0  # stages share the cores: an idle stage's time goes to the busy ones
@@ -333,6 +347,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
         memory_bytes=int(mem),
         flops=m.flops(batch) / p,
         comm_bytes=2 * mb * crossings * msg,
+        shape_s=shaped,
     )
 
 
@@ -391,14 +406,30 @@ def context(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) ->
     return transformer_step(m, hw, batch, MeshSpec(context=workers), opts)
 
 
-def shape_overhead(shape: Any, hw: Any, sequences: float, layers: float, mesh: MeshSpec,
+def whole_model_shape(m: ModelCost, hw: Any, sequences: float, mesh: MeshSpec,
+                      opts: PredictOptions, microbatches: int = 1,
+                      layers: float | None = None) -> float:  # fmt: skip
+    """``shape_overhead`` of a transformer priced by a formula other than the mesh's
+    (one device, data, ZeRO, pipeline stages): ``microbatches`` of ``sequences`` over
+    them through ``layers`` (all by default); 0 for any other model."""
+    if m.transformer is None:
+        return 0.0
+    busiest = m.transformer.layers if layers is None else layers
+    return microbatches * shape_overhead(m, hw, sequences / microbatches, busiest, mesh, opts)
+
+
+def shape_overhead(m: ModelCost, hw: Any, sequences: float, layers: float, mesh: MeshSpec,
                    opts: PredictOptions) -> float:  # fmt: skip
     """One microbatch of ``sequences`` on the busiest device of ``layers``: what its matrix
     products take beyond their FLOPs (``refdl.perf.gemm.step_overhead_s``), where
-    ``--compute shape`` and the device is a GPU ``gemm`` has figures for; else 0."""
+    ``--compute shape``, the device is a GPU ``gemm`` has figures for, and the model is
+    priced by the ``transformer`` fraction (fitted with this overhead; a model costed by
+    XLA, as gpt2, runs at a fraction fitted on whole steps without it); else 0."""
     dev, peak = getattr(hw, "device", None), getattr(hw, "datasheet_flops", None)
-    if opts.compute != "shape" or dev is None or not peak or not gemm.applies(dev.name):
+    if (opts.compute != "shape" or m.op_class != "transformer" or dev is None or not peak
+            or not gemm.applies(dev.name)):  # fmt: skip
         return 0.0
+    shape = m.transformer
     passes = 4 if opts.remat == "full" else 3
     stream = getattr(hw, "stream_bandwidth", None) or dev.memory_bandwidth
     return gemm.step_overhead_s(
@@ -450,7 +481,7 @@ def transformer_step(
     elif mesh.pipe > 1:
         busiest = -(-shape.layers // mesh.pipe)
     t *= busiest / (shape.layers / mesh.pipe)
-    shaped = shape_overhead(shape, hw, b / mb, busiest, mesh, opts) * mb
+    shaped = shape_overhead(m, hw, b / mb, busiest, mesh, opts) * mb
     t += shaped
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
