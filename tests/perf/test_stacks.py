@@ -38,7 +38,7 @@ def test_dated_stacks_carry_the_fit_of_their_own_calibration_collectives():
         assert own.fraction == pytest.approx(v["fraction"], rel=1e-3)
         assert own.latency_s == pytest.approx(v["latency_s"], rel=1e-3)
         assert own.points == v["points"]
-        if own.log_q10 is not None:  # (9 residuals bound nothing below at 80 %)
+        if own.log_q10 is not None:  # (fewer than 9 residuals bound nothing at 80 %)
             assert own.log_q10 == pytest.approx(v["log_q10"], abs=1e-3)
     # NCCL 2.0 with a process per GPU moved 0.40 of PCIe's line rate, one process 0.61;
     # across servers its flat ring 0.70 of InfiniBand FDR's, Baidu's ring 0.49
@@ -76,10 +76,12 @@ def test_the_held_out_p100_table_with_its_stack_and_with_todays_nccl():
     # Maxwell boxes' speed, half the Pascal boxes' the stack was mostly fitted on
     single = [r for r in rows if r["stack"] == "nccl-2.0-single"]
     assert len(single) == 3 and median(r["error"] for r in single) < -0.4
-    # across two servers, Baidu's flat ring: within 25 %, inside; today's MPI figures
+    # across two servers, Baidu's flat ring: within 25 %, 2 of 3 inside; today's MPI figures
     # in refdl's two levels: over 50 % off
     ring = P.stack_summary(rows, held)["baidu-ring"]["heldout"]
-    assert ring["n"] == 3 and ring["inside"] == 3 and ring["median_abs_error"] < 0.10
+    # (its 9 calibration residuals bound it on both sides since conformal's rounding fix,
+    # 2026-11-27: the 16.8 M-float row, 24 % fast, falls under the lower bound)
+    assert ring["n"] == 3 and ring["inside"] == 2 and ring["median_abs_error"] < 0.10
     assert ring["current_median_abs_error"] > 0.5
 
 
@@ -155,3 +157,23 @@ def test_a_flat_ring_runs_at_its_slowest_hops_pace():
     intra = slow_box.view("expected", library="nccl-2.0-mpi").links["intra"].alpha_beta()
     assert t_slow == pytest.approx(collective_time("allreduce", "ring", n, p, intra))
     assert t_slow > 3 * t
+
+
+def test_the_network_is_every_fitted_flat_rings_slowest_hop():
+    """fit_stacks fits a flat ring's network figures on the network hop alone; that is
+    the price collective_pair gives every calibration point of a flat stack (the node's
+    hop never the slower one there), so the fit and the prediction agree."""
+    from refdl.perf.collectives import collective_time
+    from refdl.predict import collective_pair
+
+    points, _ = P.load()
+    flat = [p for p in points if p.kind == "collective" and p.stack and p.part == "calibration"
+            and stacks.get(p.stack).flat and (p.nodes or 1) > 1]  # fmt: skip
+    assert len(flat) >= 20
+    for p in flat:
+        box = hw.load(p.hw)
+        got = collective_pair(box, P.OPS[p.op], "ring", p.bytes, p.workers, p.stack, p.nodes)[0]
+        view = box.view("expected", library=p.stack)
+        net = collective_time(P.OPS[p.op], "ring", p.bytes, p.workers,
+                              view.links["inter"].alpha_beta())  # fmt: skip
+        assert got == pytest.approx(net), p.where

@@ -430,12 +430,11 @@ def shape_overhead(m: ModelCost, hw: Any, sequences: float, layers: float, mesh:
             or not gemm.applies(dev.name)):  # fmt: skip
         return 0.0
     shape = m.transformer
-    passes = 4 if opts.remat == "full" else 3
     stream = getattr(hw, "stream_bandwidth", None) or dev.memory_bandwidth
     return gemm.step_overhead_s(
-        shape, sequences * shape.seq / mesh.context, layers, passes,
+        shape, sequences * shape.seq / mesh.context, layers,
         ACT_BYTES.get(opts.precision, 4), peak, stream, tp=mesh.model, ep=mesh.expert,
-        cp=mesh.context,
+        cp=mesh.context, remat=opts.remat, ring=opts.cp == "ring",
     )  # fmt: skip
 
 

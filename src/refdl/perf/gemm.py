@@ -116,59 +116,65 @@ def applies(device_name: str) -> bool:
 
 
 def layer_products(shape: Any, tokens: float, tp: int = 1, ep: int = 1) -> list[tuple]:
-    """One layer's forward matrix products on one device as ``(m, n, k, count)``, for
-    ``tokens`` tokens of a microbatch (the mean over layers where the first are dense):
-    the attention's input projections as one product (latent attention's too, counted as
-    from the residual stream: its FLOPs, not its exact shapes), its output projection,
-    the MLP's up (gated: both halves) and down products split ``tp`` ways, a routed
-    expert's over the tokens the ``ep`` ranks send it (``E / ep`` experts a device),
-    shared experts and the router."""
+    """One layer's forward matrix products on one device as ``(m, n, k, count, launches)``,
+    for ``tokens`` tokens of a microbatch (the mean over layers where the first are
+    dense): the attention's input projections as one product (latent attention's too,
+    counted as from the residual stream: its FLOPs, not its exact shapes), its output
+    projection, the MLP's up (gated: both halves) and down products split ``tp`` ways, a
+    routed expert's over the tokens the ``ep`` ranks send it (``E / ep`` experts a device,
+    launched as one grouped kernel a product, as Megatron-Core's grouped GEMM and
+    torchtitan's grouped matmul run them: one latency, each expert's own memory), shared
+    experts and the router."""
     h = shape.d_model
     inputs = (shape.attention_params() - shape.d_v * h) / h
-    out = [(tokens, inputs / tp, h, 1.0), (tokens, h, shape.d_v / tp, 1.0)]
+    out = [(tokens, inputs / tp, h, 1.0, 1.0), (tokens, h, shape.d_v / tp, 1.0, 1.0)]
 
-    def mlp(rows: float, width: float, count: float) -> list[tuple]:
+    def mlp(rows: float, width: float, count: float, launches: float) -> list[tuple]:
         ups = (2 if shape.gated else 1) * width / tp
-        return [(rows, ups, h, count), (rows, h, width / tp, count)]
+        return [(rows, ups, h, count, launches), (rows, h, width / tp, count, launches)]
 
     if not shape.experts:
-        return out + mlp(tokens, shape.hidden, 1.0)
+        return out + mlp(tokens, shape.hidden, 1.0, 1.0)
     moe = shape.moe_layers / shape.layers
     dense = 1.0 - moe
     if dense:
-        out += mlp(tokens, shape.dense_ffn or shape.hidden, dense)
+        out += mlp(tokens, shape.dense_ffn or shape.hidden, dense, dense)
     per_expert = max(1.0, tokens * ep * shape.routed / shape.experts)
-    out += mlp(per_expert, shape.hidden, moe * shape.experts / ep)
+    out += mlp(per_expert, shape.hidden, moe * shape.experts / ep, moe)
     if shape.shared_experts:
-        out += mlp(tokens, shape.hidden, moe * shape.shared_experts)
-    out.append((tokens, shape.experts, h, moe))
+        out += mlp(tokens, shape.hidden, moe * shape.shared_experts, moe * shape.shared_experts)
+    out.append((tokens, shape.experts, h, moe, moe))
     return out
 
 
 def products_overhead_s(products: list[tuple], width: int, peak: float, bandwidth: float,
                         f: Figures = STEP) -> float:  # fmt: skip
     """What ``products`` take beyond their arithmetic at ``f.fraction`` of ``peak``:
-    ``roofline``'s latency and memory-bound excess, on a device of ``bandwidth``."""
+    ``roofline``'s latency once a launch, and each product's memory-bound excess, on a
+    device of ``bandwidth``."""
     dev = Device(peak, bandwidth, 0)
     extra = 0.0
-    for m, n, k, count in products:
+    for m, n, k, count, launches in products:
         m, n, k = max(1, math.ceil(m)), max(1, math.ceil(n)), max(1, math.ceil(k))
-        ideal = 2.0 * m * n * k / (peak * f.fraction)
-        extra += count * (roofline_s(m, n, k, width, dev, f) - ideal)
+        arithmetic = 2.0 * m * n * k / (peak * f.fraction)
+        extra += launches * f.latency_s
+        extra += count * max(0.0, memory_s(m, n, k, width, dev) - arithmetic)
     return extra
 
 
-def step_overhead_s(shape: Any, tokens: float, layers: float, passes: float, width: int,
-                    peak: float, bandwidth: float, tp: int = 1, ep: int = 1,
-                    cp: int = 1) -> float:  # fmt: skip
+def step_overhead_s(shape: Any, tokens: float, layers: float, width: int, peak: float,
+                    bandwidth: float, tp: int = 1, ep: int = 1, cp: int = 1,
+                    remat: str = "none", ring: bool = True) -> float:  # fmt: skip
     """One microbatch's shape overhead on a device running ``layers`` layers (a stage's
-    share of the logits beside them): ``passes`` forward-sized passes of each product
-    (3: forward and backward's two; 4 with full recomputation), and the attention core
-    as one fused kernel a pass (``cp`` on a context ring), compute-bound, so its latency
-    alone."""
+    share of the logits beside them): each layer product's three forward-sized passes
+    (forward, backward's two), four with ``full`` recomputation; the attention core as
+    one fused kernel a pass, compute-bound, so its latency alone (``cp`` of them on a
+    context ring, one with all-to-all; one more pass with ``selective`` recomputation);
+    the logits' three passes (never recomputed)."""
+    passes = 4 if remat == "full" else 3
     per_layer = products_overhead_s(layer_products(shape, tokens, tp, ep), width, peak,
                                     bandwidth)  # fmt: skip
-    logits = products_overhead_s([(tokens, shape.vocab / tp, shape.d_model, 1.0)], width,
-                                 peak, bandwidth)  # fmt: skip
-    core = cp * STEP.latency_s
-    return passes * (layers * (per_layer + core) + logits * layers / shape.layers)
+    logits = products_overhead_s([(tokens, shape.vocab / tp, shape.d_model, 1.0, 1.0)],
+                                 width, peak, bandwidth)  # fmt: skip
+    core = (cp if ring else 1) * STEP.latency_s * (passes + (remat == "selective"))
+    return layers * (passes * per_layer + core) + 3 * logits * layers / shape.layers

@@ -39,14 +39,22 @@ TRANSFORMER = "transformer"  # the op class, and the interval kind, of GPT-scale
 def step_kind(profile: Any, dtype: str, op_class: str) -> tuple[str, bool]:
     """(interval kind, borrowed) of a step of ``op_class`` in ``dtype`` on ``profile``:
     ``transformer`` where the profile's own transformer fraction of that dtype (or its
-    16-bit twin) prices it and the kind was fitted, else ``step``, borrowed where the
-    device has no fraction of that dtype at all."""
+    16-bit twin) prices it and the kind was fitted with finite bounds; a transformer
+    without that fraction is ``step``, borrowed (another class's fraction stands in, as
+    ``refdl bench published`` judges it); any other class is ``step``, borrowed where
+    the device has no fraction of that dtype at all."""
+    if profile.device is None:
+        return "step", True
+    if op_class != TRANSFORMER:
+        return "step", profile.borrowed_device(dtype)
     a = getattr(profile, "achieved", None)
     own = a.fractions.get(TRANSFORMER, {}) if a is not None else {}
     alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
-    if op_class == TRANSFORMER and (dtype in own or alias in own) and TRANSFORMER in table():
-        return TRANSFORMER, False
-    return "step", profile.device is None or profile.borrowed_device(dtype)
+    if dtype not in own and alias not in own:  # another class's fraction stands in
+        return "step", True
+    q = table().get(TRANSFORMER, {})
+    finite = all(math.isfinite(q.get(k, math.inf)) for k in ("log_q10", "log_q90"))
+    return (TRANSFORMER, False) if finite else ("step", False)
 
 
 @functools.cache
