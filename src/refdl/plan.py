@@ -59,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
                    help="sgd, momentum or adam (its state's size; default: a refdl model's "
                    "own optimizer, adam for a shape)")  # fmt: skip
     p.add_argument("--library", help=stacks.help_text())
+    p.add_argument("--compute", default="shape",
+                   help="transformers on a GPU: shape (each matrix product priced by its "
+                        "M, N, K; default) or flops (every FLOP alike)")  # fmt: skip
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, exact before compressed gradients, fewer "
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len, top=args.top, precisions=precisions or None,
             memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
             optimizer=args.optimizer, library=args.library, runnable_only=args.run,
-            ties=args.ties, lossy=args.lossy,
+            ties=args.ties, lossy=args.lossy, compute=args.compute,
         )  # fmt: skip
         if not record["configurations"]:
             raise UsageError(

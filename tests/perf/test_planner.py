@@ -300,3 +300,24 @@ def test_plan_lossy_prices_datas_compressed_exchanges_as_predict_does():
                                    strategies=declared_traits(), top=400)  # fmt: skip
     assert not any(c["compress"] for c in plain["configurations"])
     assert len(plain["configurations"]) == len(shown) - 5
+
+
+def test_plan_prices_a_transformers_products_by_shape_unless_told_flops():
+    """plan's configurations are predict's (--compute shape, the default): GPT-3 175B's
+    first by time pays each microbatch's kernel latencies, so it is slower than with
+    --compute flops; a bad --compute is one line, exit 2."""
+    from refdl.perf.planning import plan_configurations
+
+    kw = dict(strategies=declared_traits(), top=1, ties="time", precisions=("bf16",))
+    shape, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512, **kw)
+    flops, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512,
+                                   compute="flops", **kw)  # fmt: skip
+    a, b = shape["configurations"][0], flops["configurations"][0]
+    assert 1.0 < a["step_time_s"] / b["step_time_s"] < 1.1
+    r = subprocess.run([sys.executable, "-m", "refdl.plan", "--hw", "a100-nvlink-ib-hdr",
+                        "--model", "gpt3-175b", "--devices", "8", "--batch-size", "8",
+                        "--compute", "bogus"], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 2 and stderr_lines(r) == [
+        "refdl plan: error: --compute must be one of shape, flops (got 'bogus')"
+    ]

@@ -123,13 +123,15 @@ def plan_configurations(
     runnable_only: bool = False,
     ties: str = "simplest",
     lossy: bool = False,
+    compute: str = "shape",
 ) -> tuple[dict[str, Any], Any]:
     """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
     ``memory_limit``: bytes per device (default: the device's); ``runnable_only``: only
     what ``refdl train`` runs; ``ties``: the order of the configurations the model cannot
     rank by time (``TIE_ORDERS``); ``lossy``: data's compressed exchanges priced too
-    (``search.LOSSY``; they change the training)."""
+    (``search.LOSSY``; they change the training); ``compute``: a transformer's products
+    priced by shape (``refdl.perf.gemm``) or every FLOP alike (``flops``)."""
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -137,6 +139,8 @@ def plan_configurations(
     for flag, value, most in bounds:
         if problem := Int(min=1, max=most).problem(value):
             raise UsageError(f"{flag} must be {problem}")
+    if compute not in ("shape", "flops"):
+        raise UsageError(f"--compute must be one of shape, flops (got {compute!r})")
     if ties not in TIE_ORDERS:
         raise UsageError(f"--ties must be one of {', '.join(TIE_ORDERS)} (got {ties!r})")
     optimizer = optimizer or default_optimizer(model)
@@ -159,7 +163,7 @@ def plan_configurations(
         cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
         optimizer_words=OPTIMIZER_WORDS[optimizer], library=library,
         runnable_only=runnable_only, strategies=strategies, muon=optimizer == "muon",
-        lossy=lossy,
+        lossy=lossy, compute=compute,
     )  # fmt: skip
     result = planner.search(top)
     seconds = time.perf_counter() - t0

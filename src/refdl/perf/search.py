@@ -312,6 +312,7 @@ class Planner:
         strategies: Mapping[str, Traits],
         muon: bool = False,
         lossy: bool = False,
+        compute: str = "shape",
     ) -> None:
         self.m, self.profile, self.n, self.batch = model, profile, devices, batch
         self.owners = strategies  # the registered strategies' traits, by name
@@ -325,6 +326,7 @@ class Planner:
         self.words, self.library, self.runnable_only = optimizer_words, library, runnable_only
         self.muon = muon  # optimizer muon: each configuration's Newton-Schulz priced
         self.lossy = lossy  # data's compressed exchanges (LOSSY) priced beside the exact ones
+        self.compute = compute  # transformers: products by shape, or every FLOP alike
         self._views: dict[str, Any] = {}
         self.priced = self.too_big = self.mesh_count = 0
 
@@ -423,7 +425,7 @@ class Planner:
             chunks=c.chunks, zero=c.zero or 3, data_zero=c.zero if self.shape else 0,
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
             remat=c.remat, precision=c.precision, compress=c.compress or None,
-            allreduce="sparse" if c.sparse else "ring",
+            allreduce="sparse" if c.sparse else "ring", compute=self.compute,
         )  # fmt: skip
         opts = with_frameworks_overlap(self.profile, opts)  # refdl predict's expectation
         strategy = c.strategy(self.shape is not None, self.owners)
