@@ -212,3 +212,16 @@ def test_predict_plan_and_the_bench_state_one_interval_kind(profile, precision, 
                        library="nccl", metric="time_s", value=1.0, workers=8, nodes=1,
                        precision=precision)  # fmt: skip
         assert P.borrowed(fake, box) == want[1]
+
+
+def test_attention_is_memory_bound_only_for_short_sequences():
+    """The fused core's roofline: at GPT-3's 2,048 tokens it is compute-bound (its latency
+    alone); at 64 tokens its queries, keys and values outweigh its FLOPs on an H100."""
+    from refdl.perf.zoo import TRANSFORMERS
+
+    shape = TRANSFORMERS.get("gpt3-175b").shape
+    lat = gemm.STEP.latency_s
+    assert gemm.attention_overhead_s(shape, 2048, 2, 989e12, 3.35e12, tp=8) == lat
+    assert gemm.attention_overhead_s(shape, 64, 2, 989e12, 3.35e12, tp=8) > lat
+    assert gemm.attention_overhead_s(shape, 1024, 2, 989e12, 3.35e12, tp=8, cp=2) == 2 * lat
+    assert gemm.attention_overhead_s(shape, 1024, 2, 989e12, 3.35e12, cp=2, ring=False) == lat

@@ -176,5 +176,25 @@ def step_overhead_s(shape: Any, tokens: float, layers: float, width: int, peak: 
                                     bandwidth)  # fmt: skip
     logits = products_overhead_s([(tokens, shape.vocab / tp, shape.d_model, 1.0, 1.0)],
                                  width, peak, bandwidth)  # fmt: skip
-    core = (cp if ring else 1) * STEP.latency_s * (passes + (remat == "selective"))
+    core = (passes + (remat == "selective")) * attention_overhead_s(
+        shape, tokens, width, peak, bandwidth, tp, cp, ring
+    )
     return layers * (passes * per_layer + core) + 3 * logits * layers / shape.layers
+
+
+def attention_overhead_s(shape: Any, tokens: float, width: int, peak: float,
+                         bandwidth: float, tp: int = 1, cp: int = 1,
+                         ring: bool = True) -> float:  # fmt: skip
+    """One pass of a layer's fused attention core (flash attention) beyond its arithmetic
+    at ``STEP.fraction``: a kernel's latency (``cp`` of them on a context ring, one with
+    all-to-all) and, where its bytes outweigh its FLOPs, the memory-bound excess - the
+    roofline of the kernel reading queries, keys and values and writing its output once
+    (no scores), ``tokens`` queries against the sequence's keys, the heads split ``tp``
+    ways. Compute-bound from a few hundred tokens on (its FLOPs per byte grow with the
+    sequence)."""
+    keys = tokens * cp  # the sequence's keys and values reach the device once
+    flops = 2.0 * tokens * keys * (shape.d_qk + shape.d_v) / tp
+    kv = (shape.kv_heads or shape.heads) * (shape.d_head + shape.rope_dim)
+    moved = (tokens * (shape.d_qk + shape.d_v) + keys * (kv + shape.d_kv)) * width / tp
+    excess = max(0.0, moved / (bandwidth * MEMORY) - flops / (peak * STEP.fraction))
+    return (cp if ring else 1) * STEP.latency_s + excess
