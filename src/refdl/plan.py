@@ -62,6 +62,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compute", default="shape",
                    help="transformers on a GPU: shape (each matrix product priced by its "
                         "M, N, K; default) or flops (every FLOP alike)")  # fmt: skip
+    p.add_argument("--grad-reduce", default="fp32",
+                   help="transformers: reduce gradients over data/fsdp in fp32 (default) or "
+                        "in the compute precision (compute: Megatron-Core's "
+                        "grad_reduce_in_fp32=False)")  # fmt: skip
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, exact before compressed gradients, fewer "
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
             optimizer=args.optimizer, library=args.library, runnable_only=args.run,
             ties=args.ties, lossy=args.lossy, compute=args.compute,
+            grad_reduce=args.grad_reduce,
         )  # fmt: skip
         if not record["configurations"]:
             raise UsageError(

@@ -279,6 +279,10 @@ def _step_parser() -> argparse.ArgumentParser:
                    help="transformers on a GPU: shape (each matrix product priced by its "
                         "M, N, K: a kernel's latency, small products memory-bound; default) "
                         "or flops (every FLOP alike)")  # fmt: skip
+    p.add_argument("--grad-reduce", default="fp32",
+                   help="transformers: reduce gradients over data/fsdp in fp32 (default) or "
+                        "in the compute precision (compute: Megatron-Core's "
+                        "grad_reduce_in_fp32=False)")  # fmt: skip
     p.add_argument("--library", help=stacks.help_text())
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")
@@ -352,6 +356,7 @@ def _step_main(argv: list[str]) -> int:
             remat=args.remat,
             attention=args.attention,
             compute=args.compute,
+            grad_reduce=args.grad_reduce,
             stage_boundaries=_boundaries(args.stage_boundaries),
         )
         rows = predict_steps(

@@ -211,3 +211,47 @@ def test_zoo_language_models_have_their_papers_parameter_counts(name, published)
     from refdl.perf.zoo import TRANSFORMERS
 
     assert TRANSFORMERS.get(name).shape.params == pytest.approx(published, rel=5e-3)
+
+
+def test_gradients_reduced_in_the_compute_precision_move_half_the_bytes():
+    """--grad-reduce compute (Megatron-Core's grad_reduce_in_fp32=False) reduces the data
+    and fsdp axes' gradients in bf16: the data axis moves half its fp32 bytes, fsdp's
+    reduce-scatter a word of 2 not 4 beside its two bf16 gathers; nothing else changes;
+    plan takes the flag too, and a bad value is one line, exit 2."""
+    from refdl.perf.planning import plan_configurations
+    from refdl.strategies import declared_traits
+
+    p = __import__("refdl.hw", fromlist=["load"]).load("a100-nvlink-ib-hdr").view(
+        "expected", "bf16", "transformer")  # fmt: skip
+    m = model_cost("gpt3-175b")
+    o = dict(mesh="data=8,fsdp=2,model=8,pipe=8", microbatches=16, precision="bf16")
+    fp32 = dict(
+        (a, n) for a, _, _, n in K.hybrid(m, p, 512, 1024, PredictOptions(**o)).comm_by_axis
+    )
+    bf16 = dict((a, n) for a, _, _, n in K.hybrid(
+        m, p, 512, 1024, PredictOptions(**o, grad_reduce="compute")).comm_by_axis)  # fmt: skip
+    assert bf16["data"] == pytest.approx(fp32["data"] / 2)
+    assert bf16["fsdp"] == pytest.approx(fp32["fsdp"] * (2 + 2 + 2) / (2 + 2 + 4))
+    assert bf16["model"] == fp32["model"] and bf16["pipe"] == fp32["pipe"]
+    kw = dict(strategies=declared_traits(), top=1, precisions=("bf16",), ties="time")
+    a, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512, **kw)
+    b, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512,
+                               grad_reduce="compute", **kw)  # fmt: skip
+    assert b["configurations"][0]["step_time_s"] <= a["configurations"][0]["step_time_s"]
+    r = run_predict(
+        "--hw",
+        "a100-nvlink-ib-hdr",
+        "--strategy",
+        "hybrid",
+        "--model",
+        "gpt3-175b",
+        "--workers",
+        "64",
+        "--batch-size",
+        "64",
+        "--grad-reduce",
+        "x",
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "refdl.predict: error: --grad-reduce must be one of fp32, compute (got 'x')"
+    ]

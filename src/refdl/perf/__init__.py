@@ -114,6 +114,9 @@ class PredictOptions:
     # device (a kernel's latency, small products' memory-bound excess; refdl.perf.gemm),
     # or every FLOP alike (flops)
     compute: str = _opt("shape", Choice(("shape", "flops")))
+    # transformers: the gradients' reduction over data/fsdp in fp32, or in the compute
+    # precision (Megatron-Core's grad_reduce_in_fp32=False)
+    grad_reduce: str = _opt("fp32", Choice(("fp32", "compute")))
     # transformers on pipe > 1: the layers where the second stage on begin (default: equal
     # stages, or a layer fewer at the ends where pipe does not divide the layers)
     stage_boundaries: tuple[int, ...] | None = _opt(None, Optional(Ints(like="7,15")))

@@ -485,7 +485,7 @@ def transformer_step(
     comm = axis_comm(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
         microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,
-        precision=opts.precision, flop_rate=hw.peak_flops,
+        precision=opts.precision, flop_rate=hw.peak_flops, grad_reduce=opts.grad_reduce,
     )  # fmt: skip
     # up to overlap x compute hides the axes' exposed time, shared in proportion
     total = sum(c.exposed_s for c in comm.values())

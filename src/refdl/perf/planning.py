@@ -124,6 +124,7 @@ def plan_configurations(
     ties: str = "simplest",
     lossy: bool = False,
     compute: str = "shape",
+    grad_reduce: str = "fp32",
 ) -> tuple[dict[str, Any], Any]:
     """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
@@ -131,7 +132,8 @@ def plan_configurations(
     what ``refdl train`` runs; ``ties``: the order of the configurations the model cannot
     rank by time (``TIE_ORDERS``); ``lossy``: data's compressed exchanges priced too
     (``search.LOSSY``; they change the training); ``compute``: a transformer's products
-    priced by shape (``refdl.perf.gemm``) or every FLOP alike (``flops``)."""
+    priced by shape (``refdl.perf.gemm``) or every FLOP alike (``flops``); ``grad_reduce``:
+    a transformer's gradients reduced in fp32 or in the compute precision."""
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -141,6 +143,8 @@ def plan_configurations(
             raise UsageError(f"{flag} must be {problem}")
     if compute not in ("shape", "flops"):
         raise UsageError(f"--compute must be one of shape, flops (got {compute!r})")
+    if grad_reduce not in ("fp32", "compute"):
+        raise UsageError(f"--grad-reduce must be one of fp32, compute (got {grad_reduce!r})")
     if ties not in TIE_ORDERS:
         raise UsageError(f"--ties must be one of {', '.join(TIE_ORDERS)} (got {ties!r})")
     optimizer = optimizer or default_optimizer(model)
@@ -163,7 +167,7 @@ def plan_configurations(
         cost, profile, devices, batch_size, memory_limit=limit, precisions=precisions,
         optimizer_words=OPTIMIZER_WORDS[optimizer], library=library,
         runnable_only=runnable_only, strategies=strategies, muon=optimizer == "muon",
-        lossy=lossy, compute=compute,
+        lossy=lossy, compute=compute, grad_reduce=grad_reduce,
     )  # fmt: skip
     result = planner.search(top)
     seconds = time.perf_counter() - t0

@@ -313,6 +313,7 @@ class Planner:
         muon: bool = False,
         lossy: bool = False,
         compute: str = "shape",
+        grad_reduce: str = "fp32",
     ) -> None:
         self.m, self.profile, self.n, self.batch = model, profile, devices, batch
         self.owners = strategies  # the registered strategies' traits, by name
@@ -327,6 +328,7 @@ class Planner:
         self.muon = muon  # optimizer muon: each configuration's Newton-Schulz priced
         self.lossy = lossy  # data's compressed exchanges (LOSSY) priced beside the exact ones
         self.compute = compute  # transformers: products by shape, or every FLOP alike
+        self.grad_reduce = grad_reduce  # transformers: gradients reduced in fp32 or not
         self._views: dict[str, Any] = {}
         self.priced = self.too_big = self.mesh_count = 0
 
@@ -426,6 +428,7 @@ class Planner:
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
             remat=c.remat, precision=c.precision, compress=c.compress or None,
             allreduce="sparse" if c.sparse else "ring", compute=self.compute,
+            grad_reduce=self.grad_reduce,
         )  # fmt: skip
         opts = with_frameworks_overlap(self.profile, opts)  # refdl predict's expectation
         strategy = c.strategy(self.shape is not None, self.owners)

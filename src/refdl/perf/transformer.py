@@ -301,6 +301,7 @@ def axis_comm(
     remat: str = "none",
     precision: str = "bf16",
     flop_rate: float = 0.0,
+    grad_reduce: str = "fp32",
 ) -> dict[str, AxisComm]:
     """The collectives of each axis > 1 for one step of ``batch`` sequences.
 
@@ -323,7 +324,9 @@ def axis_comm(
     - data (with context and expert, which hold replicas too) and fsdp: the fp32
       gradients of the device's share of the parameters, a ring all-reduce; fsdp
       gathers the parameters twice (forward, backward) in the compute precision and
-      reduce-scatters the fp32 gradient.
+      reduce-scatters the fp32 gradient. ``grad_reduce="compute"`` reduces the
+      gradients in the compute precision instead (Megatron-Core's default,
+      ``grad_reduce_in_fp32=False``; Megatron-LM's fp16 runs of 2021).
 
     ``flop_rate`` (FLOP/s) times the ring's block overlap; every other collective is
     returned exposed (the caller's ``overlap`` may hide a share behind the compute)."""
@@ -370,8 +373,11 @@ def axis_comm(
         count = 2 * microbatches * chunks
         t = count * (lk.alpha + msg * lk.beta)
         out["pipe"] = AxisComm(t, t, count * msg)
-    grads_dense = 4.0 * shape.dense_params() / (tp * pp * mesh.fsdp)
-    grads_expert = 4.0 * shape.expert_params() / (tp * pp * ep * mesh.fsdp)
+    if grad_reduce not in ("fp32", "compute"):
+        raise UsageError(f"--grad-reduce must be fp32 or compute (got {grad_reduce!r})")
+    word = 4.0 if grad_reduce == "fp32" else float(ACT_BYTES[precision])
+    grads_dense = word * shape.dense_params() / (tp * pp * mesh.fsdp)
+    grads_expert = word * shape.expert_params() / (tp * pp * ep * mesh.fsdp)
     group = mesh.data * c
     if group * ep > 1:
         t = allreduce_ring(grads_dense, group * ep, links["data"])
@@ -381,7 +387,7 @@ def axis_comm(
         out["data"] = AxisComm(t, t, sent)
     if mesh.fsdp > 1:
         whole = shape.params / (tp * pp)  # the parameters an fsdp group gathers
-        words = 2 * ACT_BYTES[precision] + 4  # two gathers in the compute precision, fp32 grads
+        words = 2 * ACT_BYTES[precision] + word  # two gathers in the compute precision, grads
         t = allgather_ring(words * whole, mesh.fsdp, links["fsdp"])
         out["fsdp"] = AxisComm(t, t, words * whole * (mesh.fsdp - 1) / mesh.fsdp)
     return out
