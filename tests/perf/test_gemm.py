@@ -216,12 +216,19 @@ def test_predict_plan_and_the_bench_state_one_interval_kind(profile, precision, 
 
 def test_attention_is_memory_bound_only_for_short_sequences():
     """The fused core's roofline: at GPT-3's 2,048 tokens it is compute-bound (its latency
-    alone); at 64 tokens its queries, keys and values outweigh its FLOPs on an H100."""
+    alone); at 128 tokens a sequence its queries, keys and values outweigh its FLOPs on an
+    H100."""
+    from refdl.perf.transformer import TransformerShape
     from refdl.perf.zoo import TRANSFORMERS
 
     shape = TRANSFORMERS.get("gpt3-175b").shape
     lat = gemm.STEP.latency_s
     assert gemm.attention_overhead_s(shape, 2048, 2, 989e12, 3.35e12, tp=8) == lat
-    assert gemm.attention_overhead_s(shape, 64, 2, 989e12, 3.35e12, tp=8) > lat
     assert gemm.attention_overhead_s(shape, 1024, 2, 989e12, 3.35e12, tp=8, cp=2) == 2 * lat
     assert gemm.attention_overhead_s(shape, 1024, 2, 989e12, 3.35e12, cp=2, ring=False) == lat
+    # a microbatch of 8 sequences of 128 tokens: FLOPs linear in the sequences (each query
+    # against its own sequence's keys), so as memory-bound as one sequence of 128
+    small = TransformerShape(12, 768, 12, 128, 50257)
+    one = gemm.attention_overhead_s(small, 128, 2, 989e12, 3.35e12)
+    eight = gemm.attention_overhead_s(small, 8 * 128, 2, 989e12, 3.35e12)
+    assert one > lat and eight - lat == pytest.approx(8 * (one - lat))

@@ -321,3 +321,24 @@ def test_plan_prices_a_transformers_products_by_shape_unless_told_flops():
     assert r.returncode == 2 and stderr_lines(r) == [
         "refdl plan: error: --compute must be one of shape, flops (got 'bogus')"
     ]
+
+
+def test_the_pruning_bound_is_below_both_context_attentions():
+    """Planner.bound prunes meshes: it must stay under every configuration's step. With
+    compute by shape a context ring pays a kernel a block and all-to-all one, so the
+    bound is the least of the two (GPT-3 1.3B, data=8 x context=8: all-to-all's step at
+    one microbatch was under the ring's bound)."""
+    from refdl.config.mesh import MeshSpec
+    from refdl.perf.planning import model_of
+    from refdl.perf.search import Config
+
+    cost = model_of("gpt3-1.3b", 2048)
+    mesh = MeshSpec(data=8, context=8)
+    for compute in ("shape", "flops"):
+        planner = Planner(cost, hw.load("a100-nvlink-ib-hdr"), 64, 64, memory_limit=1e15,
+                          precisions=("bf16",), strategies=declared_traits(),
+                          compute=compute)  # fmt: skip
+        bound = planner.bound(mesh, "bf16")
+        for cp in ("ring", "all-to-all"):
+            step = planner.price(Config(mesh, precision="bf16", cp=cp)).step_time_s
+            assert bound <= step * (1 + 1e-12), (compute, cp)

@@ -168,9 +168,9 @@ def step_overhead_s(shape: Any, tokens: float, layers: float, width: int, peak: 
     """One microbatch's shape overhead on a device running ``layers`` layers (a stage's
     share of the logits beside them): each layer product's three forward-sized passes
     (forward, backward's two), four with ``full`` recomputation; the attention core as
-    one fused kernel a pass, compute-bound, so its latency alone (``cp`` of them on a
-    context ring, one with all-to-all; one more pass with ``selective`` recomputation);
-    the logits' three passes (never recomputed)."""
+    one fused kernel a pass (``attention_overhead_s``: its latency, and its memory-bound
+    excess where there is one; one more pass with ``selective`` recomputation); the
+    logits' three passes (never recomputed)."""
     passes = 4 if remat == "full" else 3
     per_layer = products_overhead_s(layer_products(shape, tokens, tp, ep), width, peak,
                                     bandwidth)  # fmt: skip
@@ -188,13 +188,17 @@ def attention_overhead_s(shape: Any, tokens: float, width: int, peak: float,
     """One pass of a layer's fused attention core (flash attention) beyond its arithmetic
     at ``STEP.fraction``: a kernel's latency (``cp`` of them on a context ring, one with
     all-to-all) and, where its bytes outweigh its FLOPs, the memory-bound excess - the
-    roofline of the kernel reading queries, keys and values and writing its output once
-    (no scores), ``tokens`` queries against the sequence's keys, the heads split ``tp``
-    ways. Compute-bound from a few hundred tokens on (its FLOPs per byte grow with the
-    sequence)."""
-    keys = tokens * cp  # the sequence's keys and values reach the device once
-    flops = 2.0 * tokens * keys * (shape.d_qk + shape.d_v) / tp
-    kv = (shape.kv_heads or shape.heads) * (shape.d_head + shape.rope_dim)
-    moved = (tokens * (shape.d_qk + shape.d_v) + keys * (kv + shape.d_kv)) * width / tp
+    roofline of the kernel reading queries, keys and values and writing its output (no
+    scores): ``tokens`` queries of a microbatch, each against its own sequence's keys,
+    the heads split ``tp`` ways. A ring block's kernel reads the queries and writes the
+    output again (``cp`` times); all-to-all splits the heads, and so the keys and values,
+    ``cp`` ways. Compute-bound from a few hundred tokens on (its FLOPs per byte grow
+    with the sequence). Keys and values copied where ``kv_heads < tp`` are not counted."""
+    keys = tokens * cp  # the microbatch's keys and values reach the device once
+    flops = 2.0 * tokens * shape.seq * (shape.d_qk + shape.d_v) / tp
+    heads_kv = shape.kv_heads or shape.heads
+    kv = heads_kv * (shape.d_head + shape.rope_dim + (shape.v_head_dim or shape.d_head))
+    q_o = tokens * (shape.d_qk + shape.d_v) * (cp if ring else 1)
+    moved = (q_o + keys * kv / (1 if ring else cp)) * width / tp
     excess = max(0.0, moved / (bandwidth * MEMORY) - flops / (peak * STEP.fraction))
     return (cp if ring else 1) * STEP.latency_s + excess

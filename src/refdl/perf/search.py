@@ -484,14 +484,18 @@ class Planner:
         recomputation and the data and fsdp axes' collectives, which no microbatching,
         schedule or recomputation changes (inf where the mesh cannot run at all)."""
         sp = self.sequence_parallel(mesh)
-        for cp in ("ring", "all-to-all"):
+        least = float("inf")  # the least over the context attentions (their compute differs
+        for cp in ("ring", "all-to-all"):  # by shape: a ring pays a kernel a block)
             cfg = Config(mesh, precision=precision, sequence_parallel=sp, cp=cp)
             try:
                 p = self.price(cfg)
             except UsageError:
                 continue
-            return sum(v for k, v in p.terms.items() if k in ("compute", "comm data", "comm fsdp"))
-        return float("inf")
+            keep = ("compute", "comm data", "comm fsdp")
+            least = min(least, sum(v for k, v in p.terms.items() if k in keep))
+            if mesh.context == 1:
+                break  # no context axis: the attention's kind changes nothing
+        return least
 
     def search(self, top: int | None = None) -> Search:
         """Every valid configuration priced; those that fit, fastest first. With ``top``,
