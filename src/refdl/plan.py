@@ -31,6 +31,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
 from refdl.hw import load, stacks
+from refdl.perf import add_transformer_flags
 
 # The model zoo, the step model and the strategies (JAX and Flax: about 1 s) are imported
 # after the arguments are checked, where they are used: a mistake answers at once.
@@ -59,13 +60,7 @@ def parser() -> argparse.ArgumentParser:
                    help="sgd, momentum or adam (its state's size; default: a refdl model's "
                    "own optimizer, adam for a shape)")  # fmt: skip
     p.add_argument("--library", help=stacks.help_text())
-    p.add_argument("--compute", default="shape",
-                   help="transformers on a GPU: shape (each matrix product priced by its "
-                        "M, N, K; default) or flops (every FLOP alike)")  # fmt: skip
-    p.add_argument("--grad-reduce", default="fp32",
-                   help="transformers: reduce gradients over data/fsdp in fp32 (default) or "
-                        "in the compute precision (compute: Megatron-Core's "
-                        "grad_reduce_in_fp32=False)")  # fmt: skip
+    add_transformer_flags(p)
     p.add_argument("--ties", default="simplest",
                    help="the order of configurations within the model's paired error of the "
                    "fastest: simplest (headroom, exact before compressed gradients, fewer "

@@ -33,7 +33,7 @@ from refdl.config.paths import writable_file
 from refdl.config.values import Float, Int, Ints
 from refdl.errors import UsageError
 from refdl.hw import stacks
-from refdl.perf import OPTIMIZER_WORDS, PredictOptions, intervals
+from refdl.perf import OPTIMIZER_WORDS, PredictOptions, add_transformer_flags, intervals
 from refdl.perf.collectives import (
     allreduce_hierarchical,
     allreduce_lower_bound,
@@ -275,14 +275,7 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="fused",
                    help="fused (no scores kept: flash attention) or unfused (5 a s^2 b bytes "
                         "a layer kept for the backward)")  # fmt: skip
-    p.add_argument("--compute", default="shape",
-                   help="transformers on a GPU: shape (each matrix product priced by its "
-                        "M, N, K: a kernel's latency, small products memory-bound; default) "
-                        "or flops (every FLOP alike)")  # fmt: skip
-    p.add_argument("--grad-reduce", default="fp32",
-                   help="transformers: reduce gradients over data/fsdp in fp32 (default) or "
-                        "in the compute precision (compute: Megatron-Core's "
-                        "grad_reduce_in_fp32=False)")  # fmt: skip
+    add_transformer_flags(p)
     p.add_argument("--library", help=stacks.help_text())
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="FILE.png", help="write a scaling plot")

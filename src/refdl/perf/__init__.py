@@ -189,6 +189,19 @@ def compute_time(
     return (device - waits) * share + waits * in_turn + host
 
 
+def add_transformer_flags(parser: Any) -> None:
+    """``--compute`` and ``--grad-reduce``, as ``refdl predict`` and ``refdl plan`` both
+    take them (``PredictOptions.compute`` / ``grad_reduce``)."""
+    parser.add_argument("--compute", default="shape",
+                        help="transformers on a GPU: shape (each matrix product priced by "
+                             "its M, N, K: a kernel's latency, small products memory-bound; "
+                             "default) or flops (every FLOP alike)")  # fmt: skip
+    parser.add_argument("--grad-reduce", default="fp32",
+                        help="transformers: reduce gradients over data/fsdp in fp32 "
+                             "(default) or in the compute precision (compute: Megatron-"
+                             "Core's grad_reduce_in_fp32=False)")  # fmt: skip
+
+
 def exposed(comm_s: float, compute_s: float, overlap: float) -> float:
     """Communication left on the critical path when up to ``overlap x compute`` hides it."""
     return max(0.0, comm_s - overlap * compute_s)
