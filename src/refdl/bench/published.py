@@ -271,10 +271,7 @@ def borrowed(p: Point, profile) -> bool:
         return profile.borrowed_link(_library(p, profile), _level(p, profile))
     if p.kind == "parallel":  # no fraction fitted for large transformer layers
         dtype = profile.dtype_for(PRECISION[p.precision])
-        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
-        a = profile.achieved
-        own = a.fractions.get(parallel_points.OP_CLASS, {}) if a else {}
-        return dtype not in own and alias not in own
+        return profile.borrowed_device(dtype, parallel_points.OP_CLASS)
     return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
 
 

@@ -68,6 +68,7 @@ class DeviceSpec:
 
 PRECISIONS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
 OP_CLASSES = ("conv", "gemm", "transformer")  # transformer: GPT-scale layers (many GPUs)
+TWIN = {"float16": "bfloat16", "bfloat16": "float16"}  # 16-bit dtypes: one peak, one fraction
 # cuDNN's Winograd convolutions (Lavin & Gray, CVPR 2016) do up to 2.25x fewer
 # multiplications than the direct convolution XLA's FLOP count assumes
 WINOGRAD = 2.25
@@ -95,7 +96,7 @@ class Achieved:
     def fraction(self, op_class: str, dtype: str) -> float:
         """The achieved fraction of ``dtype``'s peak for ``op_class`` (else its float32
         figure, else the other class's, else 1)."""
-        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
+        alias = TWIN.get(dtype, dtype)
         for cls in (op_class, *[c for c in OP_CLASSES if c != op_class]):
             table = self.fractions.get(cls, {})
             for key in (dtype, alias):  # fp16 and bf16 share the matrix units' peak
@@ -155,13 +156,15 @@ class HardwareProfile:
         link = a.links.get(library, {}).get(level) if a else None
         return link is None or link.source.startswith("no ")
 
-    def borrowed_device(self, dtype: str) -> bool:
+    def borrowed_device(self, dtype: str, op_class: str | None = None) -> bool:
         """Whether no achieved device fraction of ``dtype`` (or its 16-bit twin) was fitted
-        for this device: the expectation then rests on another dtype's, or on peaks."""
+        for this device (of ``op_class`` where one is named): the expectation then rests
+        on another dtype's or class's, or on peaks."""
         if self.achieved is None:
             return True
-        alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
-        return not any(k in t for t in self.achieved.fractions.values() for k in (dtype, alias))
+        tables = self.achieved.fractions
+        pick = tables.values() if op_class is None else [tables.get(op_class, {})]
+        return not any(k in t for t in pick for k in (dtype, TWIN.get(dtype, dtype)))
 
     def need_device(self) -> DeviceSpec:
         """The device, or a usage error naming a profile that describes a network alone."""

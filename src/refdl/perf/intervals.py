@@ -47,10 +47,7 @@ def step_kind(profile: Any, dtype: str, op_class: str) -> tuple[str, bool]:
         return "step", True
     if op_class != TRANSFORMER:
         return "step", profile.borrowed_device(dtype)
-    a = getattr(profile, "achieved", None)
-    own = a.fractions.get(TRANSFORMER, {}) if a is not None else {}
-    alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype, dtype)
-    if dtype not in own and alias not in own:  # another class's fraction stands in
+    if profile.borrowed_device(dtype, TRANSFORMER):  # another class's fraction stands in
         return "step", True
     q = table().get(TRANSFORMER, {})
     finite = all(math.isfinite(q.get(k, math.inf)) for k in ("log_q10", "log_q90"))

@@ -18,7 +18,7 @@ from refdl.config.choices import chunks_of
 from refdl.config.plan import Traits
 from refdl.config.values import Int
 from refdl.errors import UsageError
-from refdl.perf import OPTIMIZER_WORDS
+from refdl.perf import OPTIMIZER_WORDS, PredictOptions
 from refdl.perf.transformer import stage_layers
 
 MAX_DEVICES = 1 << 17  # the meshes of a count this size take seconds to enumerate
@@ -141,10 +141,7 @@ def plan_configurations(
     for flag, value, most in bounds:
         if problem := Int(min=1, max=most).problem(value):
             raise UsageError(f"{flag} must be {problem}")
-    if compute not in ("shape", "flops"):
-        raise UsageError(f"--compute must be one of shape, flops (got {compute!r})")
-    if grad_reduce not in ("fp32", "compute"):
-        raise UsageError(f"--grad-reduce must be one of fp32, compute (got {grad_reduce!r})")
+    PredictOptions(compute=compute, grad_reduce=grad_reduce).validate()  # one line, exit 2
     if ties not in TIE_ORDERS:
         raise UsageError(f"--ties must be one of {', '.join(TIE_ORDERS)} (got {ties!r})")
     optimizer = optimizer or default_optimizer(model)
