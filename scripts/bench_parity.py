@@ -12,6 +12,9 @@ from outside ``src/``), each run as a test against the same control. Two setting
 
 - ``same seed``: one control (the rule's noise is refdl's measured envelope); this is the
   recipe docs/validation.md gives users;
+- ``same seed, two controls``: the same test judged against ``single`` and a second 1-D
+  control of the same seed on 2 devices (``data d=2``: the same training in another
+  reduction order), so the noise is the run's own precision noise, not the envelope;
 - ``another seed``: the test from another seed, judged against a control and a
   second control of a third seed (the noise is the controls' own difference).
 
@@ -79,6 +82,9 @@ TRANSFORMER_BUG_SPECS = {  # each bug on the layout it lives in
     "pipe_loss_unscaled": {"devices": 2, "microbatches": 4},
     "pipe_stale_stage": {"devices": 2, "microbatches": 4},
 }
+SECOND = LAYOUTS["data d=2"]  # the second 1-D control: same seed, another reduction order
+TWO = "same seed, two controls"
+SETTINGS = ("same seed", TWO, "another seed")
 FAMILIES = {  # model -> (its base spec, healthy layouts, bugs with their specs)
     "mlp": ({"batch_size": 64}, LAYOUTS, None),
     "lenet5": ({"batch_size": 64}, LAYOUTS, None),  # fp32 only (main's bf16: the 20 minutes)
@@ -145,13 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                 base = {**FAMILIES[model][0], "model": model, "precision": prec, "seed": seed}
                 control = curve({**base, "strategy": "single"}, args.steps)
                 other = curve({**base, "strategy": "single", "seed": seed + 200}, args.steps)
+                second = curve({**base, **SECOND}, args.steps)  # same seed, 2 devices
                 first = True
                 for name, kind, spec in cases(model, prec, args.quick):
                     about = {"case": name, "kind": kind, "model": model, "precision": prec,
                              "seed": seed}  # fmt: skip
-                    test = curve({**base, **spec}, args.steps)
+                    test = second if spec == SECOND else curve({**base, **spec}, args.steps)
                     pairs.append({**about, "setting": "same seed", "test": test,
                                   "controls": [control]})  # fmt: skip
+                    if spec != SECOND:  # the second control is not its own test
+                        pairs.append({**about, "setting": TWO, "test": test,
+                                      "controls": [control, second]})  # fmt: skip
                     if kind == "healthy" and not first:
                         continue  # another seed: each family's first layout and every bug
                     first = False
@@ -190,7 +200,7 @@ def summarize(
     """False alarms and detection on the held-out seeds (1..)."""
     held = [r for r in rows if r["seed"] != 0]
     healthy = [r for r in held if r["kind"] == "healthy"]
-    settings = ("same seed", "another seed")
+    settings = SETTINGS
     rates: dict[str, Any] = {
         "rule": parity.rule_fingerprint(),
         "date": datetime.date.today().isoformat(),
@@ -206,9 +216,11 @@ def summarize(
         },
         "detected": {},
         "note": "the envelope was set on seed 0 and the rates are of seeds 1.. (held out); "
-        "the same-seed rows judge with one control (the envelope), the another-seed rows "
-        "with two (the controls' difference); the same seed is the recipe for users "
-        "(docs/validation.md), another seed what the rule sees without it",
+        "'same seed' judges with one control (the envelope); 'same seed, two controls' "
+        "with single and data d=2 of the same seed (their difference is the noise); "
+        "'another seed' with two controls of other seeds; the same seed is the recipe for "
+        "users (docs/validation.md), with two controls in bf16; another seed is what the "
+        "rule sees without it",
     }
     for bug in sorted({r["kind"] for r in held} - {"healthy"}):
         caught = [r for r in held if r["kind"] == bug]
@@ -242,13 +254,13 @@ def show(rates: dict[str, Any]) -> None:
                                         rates["false_alarms_by_setting"].items()
                                         if v["n"]) + ")")  # fmt: skip
     print(f"envelope (relative, from seed 0): {rates['envelope_rel']}")
-    print(f"{'bug':<16s} {'detected':>9s} {'same seed':>10s} {'another seed':>13s} "
-          f"{'median step':>12s}")  # fmt: skip
+    print(f"{'bug':<18s} {'detected':>9s} {'same seed':>10s} {'two controls':>13s} "
+          f"{'another seed':>13s} {'median step':>12s}")  # fmt: skip
     for bug, d in rates["detected"].items():
         by = d["by_setting"]
         cell = lambda x: "-" if x["rate"] is None else f"{x['rate']:.0%}/{x['n']}"  # noqa: E731
         step = "-" if d["median_step_detected"] is None else f"{d['median_step_detected']:.0f}"
-        print(f"{bug:<16s} {cell(d):>9s} {cell(by['same seed']):>10s} "
+        print(f"{bug:<18s} {cell(d):>9s} {cell(by['same seed']):>10s} {cell(by[TWO]):>13s} "
               f"{cell(by['another seed']):>13s} {step:>12s}")  # fmt: skip
     print(f"{rates['seconds']:.0f} s")
 
@@ -257,10 +269,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Each pair's largest window z against the threshold, healthy and buggy, by setting."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4.5))
-    axes = fig.subplots(1, 2, sharey=True)
+    fig = Figure(figsize=(14, 4.5))
+    axes = fig.subplots(1, len(SETTINGS), sharey=True)
     kinds = ["healthy", *sorted({r["kind"] for r in rows} - {"healthy"})]
-    for ax, setting in zip(axes, ("same seed", "another seed"), strict=True):
+    for ax, setting in zip(axes, SETTINGS, strict=True):
         for i, kind in enumerate(kinds):
             z = [
                 min(r["z_max"], 1e9) for r in rows if r["kind"] == kind and r["setting"] == setting
@@ -270,8 +282,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.axhline(parity.Z_DEPART, color="black", lw=1, ls="--", label="departs above")
         ax.set_yscale("log")
         ax.set_xticks(range(len(kinds)), kinds, rotation=45, ha="right", fontsize=8)
-        how = "one control: the envelope" if setting == "same seed" else "two controls"
-        ax.set_title(f"{setting} ({how})", fontsize=9)
+        how = {"same seed": "one control: the envelope", TWO: "single and data d=2"}
+        ax.set_title(f"{setting} ({how.get(setting, 'two controls')})", fontsize=9)
     axes[0].set_ylabel("largest window z = rms(test - control) / rms(noise)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -97,7 +97,16 @@ def test_cli_report_and_exit_status(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] is False and report["first_departing_window"]["z"] > parity.Z_DEPART
     assert (out / "loss.png").stat().st_size > 10_000
-    assert "FAILED" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "FAILED" in md
+    # the rates quoted are those of the setting judged: one control, the envelope's
+    assert "rates (same seed; held-out pairs)" in md and "two controls" not in md
+    two = tmp_path / "two"
+    assert main(["--results", str(drift), "--control", str(control), "--control",
+                 str(healthy), "--report", str(two)]) == 1  # fmt: skip
+    md = (two / "report.md").read_text()
+    assert "rates (same seed, two controls;" in md and "rates (another seed;" in md
+    assert "rates (same seed;" not in md
     capsys.readouterr()
     for bad, says in (
         (["--control", str(control)], "--control is the control of --results"),
@@ -144,7 +153,9 @@ def test_the_benchmark_measures_pairs_and_bugs(tmp_path):
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "parity_quick.json").read_text())
-    assert r["rule"] == parity.rule_fingerprint() and r["false_alarms"]["n"] == 3
+    assert r["rule"] == parity.rule_fingerprint() and r["false_alarms"]["n"] == 4
+    by = r["false_alarms_by_setting"]  # data d=4 with single and data d=2 as controls
+    assert by["same seed, two controls"]["n"] == 1
     assert r["false_alarms"]["rate"] == 0.0
     assert r["detected"]["double_mean"]["rate"] == 1.0  # same seed and another seed
     assert r["detected"]["no_allreduce"]["by_setting"]["same seed"]["rate"] == 1.0

@@ -9,7 +9,7 @@ parallelism bug departs by more.
 
 The rule. Both curves are put on their common logged steps; ``d = test - control``.
 The noise that explains ``d`` is the difference of two controls where a second is
-given (another seed, or the same seed rerun: the run's own noise), else the envelope
+given (the same seed on another device count, or another seed), else the envelope
 refdl measured on its own healthy pairs (``docs/bench/parity/rates.json``,
 ``envelope_rel``: a difference relative to the loss); either way it is floored at
 ``FLOOR_REL`` of the loss (a bit-identical rerun explains nothing). The steps are cut
@@ -194,8 +194,8 @@ def parity_report(
         log=test, controls=list(controls), precision=precision,
         read=[f"{p}: {log.format}" + (f" ({'; '.join(log.notes)})" if log.notes else "")
               for p, log in zip((test, *controls), logs, strict=True)],
-        rates=rates and {k: rates[k] for k in ("false_alarms", "detected", "date", "command")
-                         if k in rates},
+        rates=rates and {k: rates[k] for k in ("false_alarms", "false_alarms_by_setting",
+                                               "detected", "date", "command") if k in rates},
     )  # fmt: skip
     return r
 
@@ -209,6 +209,26 @@ def summary_line(r: dict[str, Any]) -> str:
     w = r["first_departing_window"]
     return (f"{r['log']}: departs from {r['controls'][0]} from steps {w['first_step']}-"
             f"{w['last_step']} (z {w['z']:.3g} > {Z_DEPART:g}): {r['how']}: FAILED")  # fmt: skip
+
+
+def rates_lines(rates: dict[str, Any], n_controls: int) -> list[str]:
+    """The measured rates of the settings judged as this report was (one control: the
+    envelope; two: the controls' difference), each on its held-out pairs."""
+    by = rates.get("false_alarms_by_setting", {})
+    settings = [
+        s for s, fa in by.items() if fa.get("n") and (s == "same seed") == (n_controls == 1)
+    ]
+    lines = []
+    for s in settings or [None]:  # an older rates file: every setting together
+        fa = by[s] if s else rates["false_alarms"]
+        got = {k: v.get("by_setting", {}).get(s, v) if s else v
+               for k, v in rates["detected"].items()}  # fmt: skip
+        caught = ", ".join(f"{k} {v['rate']:.0%} of {v['n']}" for k, v in got.items()
+                           if v.get("n"))  # fmt: skip
+        lines += [f"The rule's measured rates ({s or 'every setting'}; held-out pairs): false "
+                  f"alarms {fa['rate']:.1%} of {fa['n']} healthy pairs; detected: {caught} "
+                  f"({rates.get('date')}, `{rates.get('command')}`).", ""]  # fmt: skip
+    return lines
 
 
 def write_report(r: dict[str, Any], out: Any) -> None:
@@ -226,11 +246,9 @@ def write_report(r: dict[str, Any], out: Any) -> None:
         "Read: " + "; ".join(r["read"]) + ".", "",
         f"**{'PASSED' if r['passed'] else 'FAILED'}** - rule: {r['rule']}.", "",
         summary_line(r), "",
-        ("The rule's measured rates (held-out pairs): false alarms "
-         f"{rates['false_alarms']['rate']:.1%} of {rates['false_alarms']['n']} healthy pairs; "
-         "detected: " + ", ".join(f"{k} {v['rate']:.0%}" for k, v in rates["detected"].items())
-         + f" ({rates.get('date')}, `{rates.get('command')}`)." if rates else
-         "No rates were measured for this rule (scripts/bench_parity.py --write-rates)."), "",
+        *(rates_lines(rates, len(r["controls"])) if rates else
+          ["No rates were measured for this rule (scripts/bench_parity.py --write-rates).",
+           ""]),
         "![the test and its control, their difference and the noise](loss.png)", "",
         "| window (steps) | z | level (of the loss) | spikes |", "|---|---|---|---|",
         *[f"| {w['first_step']}-{w['last_step']} | {w['z']:.3g} | {w['level_rel']:+.2g} | "
