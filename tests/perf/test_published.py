@@ -411,6 +411,34 @@ def test_search_ranks_and_tau():
     assert kendall_tau_b([1, 1], [2, 2]) is None  # no pair to order
 
 
+def test_a_sources_gradient_reduction_precision_is_read_and_priced(tmp_path):
+    """Issue 52: each transformer source states the precision its data-parallel gradients
+    were reduced in (read from its own scripts; a ``[[source]]`` field its parallel points
+    inherit); Megatron-LM's fp16 runs of 2021 reduce in fp16, so their data axis moves
+    half the bytes of an fp32 reduction, and a bad value is one line."""
+    import dataclasses
+
+    from refdl.bench import parallel_points
+
+    points, _ = P.load()
+    par = [p for p in points if p.kind == "parallel" and not parallel_points.skip(p)]
+    got = {p.source: parallel_points.layout(p)["grad_reduce"] for p in par}
+    assert got["narayanan2021"] == got["bigscience_tr11_prequel"] == "compute"
+    assert got["mlm_readme_2024_07"] == got["automodel_perf"] == "fp32"
+    assert all(p.layout == {} or p.kind == "parallel" for p in points)  # only they inherit
+    # a Narayanan point with data parallelism: reducing in fp16 is faster than in fp32
+    p = next(p for p in par if p.source == "narayanan2021"
+             and "data=1," not in parallel_points.layout(p)["mesh"])  # fmt: skip
+    fp16 = P.parallel_times(p)[1][0]  # the expected step, as bench published prices it
+    fp32 = P.parallel_times(dataclasses.replace(p, layout={**p.layout, "grad_reduce": "fp32"}))
+    assert fp16 < fp32[1][0]
+    bad = tmp_path / "bad.toml"
+    text = (ROOT / "docs" / "published" / "measurements.toml").read_text()
+    bad.write_text(text.replace('grad_reduce = "compute"', 'grad_reduce = "fp8"', 1))
+    with pytest.raises(UsageError, match="grad_reduce must be one of fp32, compute"):
+        P.load(bad)
+
+
 def test_a_stated_search_without_its_best_is_refused(tmp_path):
     from refdl.bench.searches import load_stated
     from refdl.errors import UsageError

@@ -4,7 +4,9 @@ A point names a shape (a ``[[shape]]`` table of the data set, or a zoo transform
 the layout (``mesh`` over data, model, pipe, context, expert; ``global_batch`` and
 ``microbatch`` in sequences; ``schedule`` and ``chunks``; ``sequence_parallel``,
 ``remat``, ``cp``; ``overlap``: the share of the compute the communication hides
-behind where the source says its framework overlaps them, else 0) and what the source
+behind where the source says its framework overlaps them, else 0; ``grad_reduce``: the
+precision its data-parallel gradients were reduced in, read from the source's own
+scripts and framework version, a ``[[source]]`` field its points inherit) and what the source
 printed: ``time_s`` per step, ``tflops_per_gpu``
 (FLOPs counted as ``flops_counted`` says: ``model``, or ``hardware`` with the full
 recomputation's forward), ``mfu`` or ``tokens_per_s_per_gpu``. refdl predicts it with
@@ -29,7 +31,8 @@ from refdl.perf.zoo import TRANSFORMERS, register_transformer
 from refdl.strategies import traits_of
 
 LAYOUT = ("mesh", "global_batch", "microbatch", "schedule", "chunks", "sequence_parallel",
-          "remat", "cp", "flops_counted", "overlap")  # fmt: skip
+          "remat", "cp", "flops_counted", "overlap", "grad_reduce")  # fmt: skip
+GRAD_REDUCE = ("fp32", "compute")  # a source's data-parallel gradients: reduced in fp32 or not
 SHAPE_KEYS = {f.name for f in dataclasses.fields(TransformerShape)}
 METRICS = ("time_s", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu")
 OP_CLASS = "transformer"  # the achieved fraction these points calibrate
@@ -56,7 +59,7 @@ def layout(p: Any) -> dict[str, Any]:
     """The point's layout with its defaults."""
     return {"schedule": "1f1b", "chunks": 1, "sequence_parallel": False, "remat": "none",
             "cp": "ring", "flops_counted": "model", "microbatch": 1, "overlap": 0.0,
-            **p.layout}  # fmt: skip
+            "grad_reduce": "fp32", **p.layout}  # fmt: skip
 
 
 def describe(lay: dict[str, Any]) -> str:
@@ -86,6 +89,7 @@ def options(p: Any, precision: str) -> PredictOptions:
         mesh=lay["mesh"], schedule=lay["schedule"], chunks=lay["chunks"],
         sequence_parallel=lay["sequence_parallel"], remat=lay["remat"], cp=lay["cp"],
         optimizer_words=ADAM_WORDS, precision=precision, overlap=float(lay["overlap"]),
+        grad_reduce=lay["grad_reduce"],
     )  # fmt: skip
     mesh = opts.mesh.on(p.workers)
     replicas = mesh.data * mesh.fsdp * mesh.expert

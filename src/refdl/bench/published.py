@@ -86,6 +86,12 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
 
     parts = {s["id"]: s["part"] for s in raw.get("source", [])}
     years = {s["id"]: s.get("year") for s in raw.get("source", [])}
+    inherited = {s["id"]: {"grad_reduce": s["grad_reduce"]} if "grad_reduce" in s else {}
+                 for s in raw.get("source", [])}  # fmt: skip
+    for sid, lay in inherited.items():
+        if lay.get("grad_reduce", "fp32") not in parallel_points.GRAD_REDUCE:
+            raise UsageError(f"--data {path}: source {sid!r}: grad_reduce must be one of "
+                             f"{', '.join(parallel_points.GRAD_REDUCE)}")  # fmt: skip
     parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
     for i, p in enumerate(raw.get("point", [])):
@@ -113,7 +119,10 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 batch=p.get("batch_per_worker"),
                 where=p.get("where", ""),
                 not_predicted=p.get("not_predicted", ""),
-                layout={k: p[k] for k in parallel_points.LAYOUT if k in p},
+                layout={
+                    **(inherited[p["source"]] if p["kind"] == "parallel" else {}),
+                    **{k: p[k] for k in parallel_points.LAYOUT if k in p},
+                },
                 search=p.get("search", ""),
                 fit=bool(p.get("fit", True)),
                 stack=p.get("stack", ""),
