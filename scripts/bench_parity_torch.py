@@ -7,9 +7,10 @@ The mlp, the transformer (FSDP2; DTensor TP with SequenceParallel; Adam, and SGD
 bug) and the MoE (experts over all_to_all_single). Healthy pairs must pass; PyTorch's
 twins with a real bug planted (``refdl validate --plant-bug``: FSDP2's gradients summed,
 a RowwiseParallel left out, a stage's loss not scaled, tokens sent back to the wrong
-rank) must depart. Two settings,
-as ``bench_parity.py``'s: the same seed with one control (refdl's envelope of the
-precision), and the test from another seed with two controls of two more seeds. Each in
+rank) must depart. The settings of ``bench_parity.py`` (``--settings``): the same seed
+with one control (refdl's envelope of the precision); the same seed with two controls,
+PyTorch's single run and its plain data parallelism on 2 ranks (their difference is the
+noise); the test from another seed with two controls of two more seeds. Each in
 fp32 and in bf16: every twin and the control under ``torch.autocast`` to bf16 (fp32
 weights), as torchtitan runs DDP and TP. The envelopes were set on refdl's own pairs
 (``bench_parity.py``, seed 0); every pair here is held out. Writes
@@ -65,6 +66,11 @@ FAMILIES = {"mlp": {"model": "mlp"}, "transformer": {"model": "transformer"},
 # another seed: the test from seed + ANOTHER, judged against the control of the seed and a
 # second control of seed + SECOND (the rule's noise is then the controls' difference)
 ANOTHER, SECOND = 100, 200
+# same seed, two controls: PyTorch's single run and its plain data parallelism on 2 ranks
+# from the same seed (another reduction order; the rule's noise is their difference)
+DDP2 = {"mlp": ("data", 2, {}), "transformer": ("data", 2, {}),
+        "transformer sgd": ("data", 2, {}), "moe": ("hybrid", 2, {"mesh": "data=2"})}  # fmt: skip
+SETTINGS = {"same": "same seed", "two": "same seed, two controls", "another": "another seed"}
 RETRIED: list[str] = []  # the twins that failed once and ran again (a summary entry)
 
 
@@ -108,8 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--models", default=",".join(FAMILIES), help="of " + ", ".join(FAMILIES))
     ap.add_argument("--precisions", default="fp32,bf16", help="of fp32, bf16")
+    ap.add_argument(
+        "--settings",
+        default="same,another",
+        help="of same (one control), two (same seed, two controls), another",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
+    if bad := set(a.settings.split(",")) - set(SETTINGS):
+        ap.error(f"--settings: {', '.join(sorted(bad))} is not one of {', '.join(SETTINGS)}")
+    settings = [SETTINGS[k] for k in a.settings.split(",")]
     import numpy as np
 
     from refdl.validate import parity
@@ -128,13 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     grid = [(p, int(s), m) for p in a.precisions.split(",") for s in a.seeds.split(",")
             for m in models]  # fmt: skip
     for prec, seed, model in grid:
-        control, second = curve(model, seed), curve(model, seed + SECOND)
+        control = curve(model, seed)
+        second = curve(model, seed + SECOND) if "another seed" in settings else None
+        ddp2 = curve(model, seed, *DDP2[model]) if SETTINGS["two"] in settings else None
         for kind, name, (m, strategy, devices, opts, bug) in cases:
             if m != model:
                 continue
             for setting, test_seed, controls in (("same seed", seed, [control]),
+                                                 (SETTINGS["two"], seed, [control, ddp2]),
                                                  ("another seed", seed + ANOTHER,
                                                   [control, second])):  # fmt: skip
+                if setting not in settings or (
+                    setting == SETTINGS["two"]
+                    and ((strategy, devices, opts) == DDP2[model] and bug is None)
+                ):
+                    continue  # (the second control is not its own test)
                 test = curve(m, test_seed, strategy, devices, opts, bug)
                 r = parity.judge(test, controls, prec)
                 w = r["first_departing_window"]
@@ -148,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1),
                                "retried": RETRIED}  # fmt: skip
     for prec in a.precisions.split(","):
-        for setting in ("same seed", "another seed"):
+        for setting in settings:
             summary[f"{prec} {setting}"] = tally(
                 [r for r in rows if r["precision"] == prec and r["setting"] == setting]
             )
