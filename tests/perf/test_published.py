@@ -420,12 +420,14 @@ def test_a_sources_gradient_reduction_precision_is_read_and_priced(tmp_path):
 
     from refdl.bench import parallel_points
 
-    points, _ = P.load()
+    points, split = P.load()
     par = [p for p in points if p.kind == "parallel" and not parallel_points.skip(p)]
     got = {p.source: parallel_points.layout(p)["grad_reduce"] for p in par}
     assert got["narayanan2021"] == got["bigscience_tr11_prequel"] == "compute"
     assert got["mlm_readme_2024_07"] == got["automodel_perf"] == "fp32"
     assert all(p.layout == {} or p.kind == "parallel" for p in points)  # only they inherit
+    stated = {s.id: s.base.get("grad_reduce") for s in split["stated_searches"]}
+    assert stated["narayanan2021-fig14-5.9b-b512"] == "compute"  # a stated search's too
     # a Narayanan point with data parallelism: reducing in fp16 is faster than in fp32
     p = next(p for p in par if p.source == "narayanan2021"
              and "data=1," not in parallel_points.layout(p)["mesh"])  # fmt: skip

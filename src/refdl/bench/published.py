@@ -129,7 +129,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 year=years[p["source"]],
             )
         )
-    stated = searches.load_stated(raw.get("search", []), parts, str(path))
+    stated = searches.load_stated(raw.get("search", []), parts, str(path), inherited)
     memory = memory_points.load_memory(raw.get("memory", []), parts, str(path))
     split = {**raw.get("split", {}), "stated_searches": stated, "memory": memory}
     return points, split

@@ -52,8 +52,12 @@ class Stated:
     best: int
 
 
-def load_stated(raw: list[dict[str, Any]], parts: dict[str, str], path: str) -> list[Stated]:
-    """The data set's ``[[search]]`` tables, checked."""
+def load_stated(
+    raw: list[dict[str, Any]], parts: dict[str, str], path: str,
+    inherited: dict[str, dict[str, Any]] | None = None,
+) -> list[Stated]:  # fmt: skip
+    """The data set's ``[[search]]`` tables, checked; each base takes what its source
+    states for every layout (``inherited``: its gradient-reduction precision)."""
     out = []
     for t in raw:
         sid = t.get("id", "?")
@@ -67,7 +71,9 @@ def load_stated(raw: list[dict[str, Any]], parts: dict[str, str], path: str) -> 
                              "index of the fastest (best)")  # fmt: skip
         out.append(Stated(sid, t["source"], parts[t["source"]], t["hw"], t.get("library", ""),
                           t["model"], int(t["workers"]), int(t.get("nodes", 1)),
-                          t["precision"], dict(t.get("base", {})), [dict(c) for c in cands],
+                          t["precision"],
+                          {**(inherited or {}).get(t["source"], {}), **t.get("base", {})},
+                          [dict(c) for c in cands],
                           best))  # fmt: skip
     return out
 
