@@ -118,6 +118,37 @@ def test_ring_hops_hide_behind_their_blocks_until_the_link_is_slower():
     assert part.exposed_s == pytest.approx(2 * 3 * (hop - block + 2 * hop - 2 * block))
 
 
+def test_a_data_group_spanning_full_nodes_reduces_in_two_levels_as_predict_collective():
+    """Issue 52: Narayanan et al.'s Figure 14 (5.9B, 64 A100s, data=32 x pipe=2): the
+    data group holds 8 devices of each of 4 nodes, so NCCL's rings cross nodes through
+    all 8 NICs; the step's data axis is the two-level all-reduce ``refdl predict
+    collective`` prices for the same bytes and ranks, not one ring at one NIC's rate (6x
+    slower here). A group of one device a node (tensor 8 fills it) keeps one ring."""
+    from refdl import hw
+    from refdl.perf.costs import nodes_of
+    from refdl.perf.transformer import members_per_node
+
+    shape = TransformerShape(layers=32, d_model=3840, heads=32, seq=2048, vocab=51200)
+    view = hw.load("a100-nvlink-ib-hdr").view("expected", "fp16", "transformer", "nccl")
+    opts = PredictOptions(precision="fp16", grad_reduce="compute")
+    mesh = MeshSpec(data=32, pipe=2)
+    links = axis_links(mesh, view, lambda n: K._link(view, n, opts))
+    two = axis_comm(shape, mesh, 512, links, precision="fp16", grad_reduce="compute",
+                    nodes=nodes_of(view, opts))["data"].time_s  # fmt: skip
+    flat = axis_comm(shape, mesh, 512, links, precision="fp16",
+                     grad_reduce="compute")["data"].time_s  # fmt: skip
+    grads = 2.0 * shape.dense_params() / 2  # fp16, the stage's half
+    assert two == pytest.approx(view.allreduce_time(grads, 32))  # predict collective's
+    assert flat > 5 * two
+    assert members_per_node(mesh, ("data",), 8) == 8
+    wide = MeshSpec(data=8, model=8)  # one device of the group a node: one ring
+    assert members_per_node(wide, ("data",), 8) == 1
+    links = axis_links(wide, view, lambda n: K._link(view, n, opts))
+    assert axis_comm(shape, wide, 64, links, nodes=nodes_of(view, opts))["data"].time_s == (
+        axis_comm(shape, wide, 64, links)["data"].time_s
+    )
+
+
 def test_axes_take_the_nodes_link_while_their_group_fits_in_a_node():
     links = axis_links(MeshSpec(data=4, model=4, context=2, pipe=2), None, lambda n: n <= 8)
     assert links == {"model": True, "context": True, "expert": True, "fsdp": True,

@@ -44,6 +44,7 @@ from refdl.perf.model_cost import ModelCost
 from refdl.perf.overlap import bucketed_step
 from refdl.perf.transformer import (
     ACT_BYTES,
+    Nodes,
     activation_bytes,
     axis_comm,
     axis_links,
@@ -83,6 +84,16 @@ def _link(hw, workers: int, opts: PredictOptions):
             raise UsageError(f"profile {hw.name} has no {opts.link!r} link")
         return hw.links[opts.link].alpha_beta()
     return hw.link(workers).alpha_beta()
+
+
+def nodes_of(hw: Any, opts: PredictOptions) -> Nodes | None:
+    """The profile's nodes for a group spanning several (``transformer.Nodes``), None
+    where a link is forced (``opts.link``) or the profile has no two levels."""
+    links = getattr(hw, "links", {})
+    if opts.link is not None or "intra" not in links or "inter" not in links:
+        return None
+    return Nodes(hw.devices_per_node, links["intra"].alpha_beta(), links["inter"].alpha_beta(),
+                 links["inter"].nics_per_node)  # fmt: skip
 
 
 def host_work(m: ModelCost, batch: float, buffers: int = 1) -> dict:
@@ -486,6 +497,7 @@ def transformer_step(
         shape, mesh, batch, axis_links(mesh, hw, lambda n: _link(hw, n, opts)),
         microbatches=mb, chunks=v, cp=opts.cp, sp=opts.sequence_parallel, remat=opts.remat,
         precision=opts.precision, flop_rate=hw.peak_flops, grad_reduce=opts.grad_reduce,
+        nodes=nodes_of(hw, opts),
     )  # fmt: skip
     # up to overlap x compute hides the axes' exposed time, shared in proportion
     total = sum(c.exposed_s for c in comm.values())
