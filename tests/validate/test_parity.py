@@ -119,6 +119,25 @@ def test_cli_report_and_exit_status(tmp_path, capsys):
         assert len(err) == 1 and says in err[0], err
 
 
+def test_a_bf16_log_with_one_control_is_advised_to_give_two(tmp_path, capsys):
+    """The bf16 envelope is the mlp's noise, wider than a transformer's: with one control
+    the verdict says so and names the second control that measures the run's own noise
+    (docs/validation.md's recipe); with two it says nothing."""
+    control = write(tmp_path / "control", CONTROL, "jsonl")
+    healthy = write(tmp_path / "healthy", HEALTHY, "jsonl")
+    out = tmp_path / "one"
+    args = ["--results", str(healthy), "--control", str(control), "--set", "precision=bf16"]
+    assert main([*args, "--report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "advice: bf16 with one control" in err and "--control A --control B" in err
+    assert "Advice: bf16 with one control" in (out / "report.md").read_text()
+    assert json.loads((out / "report.json").read_text())["advice"].startswith("bf16")
+    assert main([*args, "--control", str(healthy)]) == 0
+    assert "advice" not in capsys.readouterr().err
+    assert main(["--results", str(healthy), "--control", str(control)]) == 0  # fp32
+    assert "advice" not in capsys.readouterr().err
+
+
 def test_too_few_common_steps_is_one_line():
     short = parity.Curve(STEPS[:3], CONTROL[:3])
     with pytest.raises(UsageError, match="share 3 logged steps"):

@@ -246,6 +246,8 @@ def _parity(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return 1
     print(json.dumps(r, indent=2) if args.json else parity.summary_line(r))
+    if r.get("advice") and not args.json:
+        print(f"advice: {r['advice']}", file=sys.stderr)
     if args.report and not args.json:
         print(f"report: {Path(args.report) / 'report.md'}")
     return 0 if r["passed"] else 1

@@ -190,6 +190,14 @@ def parity_report(
     precision = str(logs[0].config.get("precision", "fp32"))
     r = judge(Curve.of(logs[0].rows), [Curve.of(log.rows) for log in logs[1:]], precision)
     rates = measured()
+    if len(controls) == 1 and precision != "fp32":
+        r["advice"] = (
+            f"{precision} with one control: the envelope is the noisiest model's "
+            f"{precision} noise refdl measured, wider than a transformer's, so a bug that "
+            "moves a transformer's loss less passes; give a second control, the 1-D run "
+            "from the same seed on another device count (--control A --control B), whose "
+            "difference is this run's own noise (docs/validation.md)"
+        )  # fmt: skip
     r.update(
         log=test, controls=list(controls), precision=precision,
         read=[f"{p}: {log.format}" + (f" ({'; '.join(log.notes)})" if log.notes else "")
@@ -246,6 +254,7 @@ def write_report(r: dict[str, Any], out: Any) -> None:
         "Read: " + "; ".join(r["read"]) + ".", "",
         f"**{'PASSED' if r['passed'] else 'FAILED'}** - rule: {r['rule']}.", "",
         summary_line(r), "",
+        *([f"Advice: {r['advice']}.", ""] if r.get("advice") else []),
         *(rates_lines(rates, len(r["controls"])) if rates else
           ["No rates were measured for this rule (scripts/bench_parity.py --write-rates).",
            ""]),
