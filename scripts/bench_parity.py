@@ -8,7 +8,7 @@ shard_map data parallelism on the mlp and LeNet-5; context (ring and all-to-all)
 sequence-parallel model, pipeline and data x context on a small transformer; data x
 expert on a small MoE - in fp32 and bf16 (LeNet-5 in fp32 only, to stay in 20
 minutes). Bugs: the zoo of ``scripts/parity_bugs.py`` (twelve real mistakes, registered
-from outside ``src/``), each run as a test against the same control. Two settings:
+from outside ``src/``), each run as a test against the same control. Three settings:
 
 - ``same seed``: one control (the rule's noise is refdl's measured envelope); this is the
   recipe docs/validation.md gives users;
@@ -24,7 +24,7 @@ held-out seeds. ``--write-rates`` stores them in ``src/refdl/validate/parity_rat
 with the rule's fingerprint (a test checks that they belong to the rule in force).
 Compiled programs are cached on disk for the run (a seed's programs equal seed 0's).
 
-    .venv/bin/python scripts/bench_parity.py --write-rates   # ~17 min on 2 cores
+    .venv/bin/python scripts/bench_parity.py --write-rates   # ~9 min on 2 cores
     .venv/bin/python scripts/bench_parity.py --quick          # a few pairs, ~30 s
 """
 
@@ -220,7 +220,8 @@ def summarize(
         "with single and data d=2 of the same seed (their difference is the noise); "
         "'another seed' with two controls of other seeds; the same seed is the recipe for "
         "users (docs/validation.md), with two controls in bf16; another seed is what the "
-        "rule sees without it",
+        "rule sees without it; the pooled false_alarms and detected figures count each "
+        "same-seed test twice (one control and two), the by-setting ones once",
     }
     for bug in sorted({r["kind"] for r in held} - {"healthy"}):
         caught = [r for r in held if r["kind"] == bug]

@@ -439,6 +439,16 @@ def test_a_sources_gradient_reduction_precision_is_read_and_priced(tmp_path):
     bad.write_text(text.replace('grad_reduce = "compute"', 'grad_reduce = "fp8"', 1))
     with pytest.raises(UsageError, match="grad_reduce must be one of fp32, compute"):
         P.load(bad)
+    # on a point, or in a stated search's base: the same one line, naming it
+    at_point = text.replace('\nhw = "a100-nvlink-ib-hdr"\n', '\ngrad_reduce = "fp8"\nhw = '
+                            '"a100-nvlink-ib-hdr"\n', 1)  # fmt: skip
+    bad.write_text(at_point)
+    with pytest.raises(UsageError, match=r"point \d+: grad_reduce must be one of"):
+        P.load(bad)
+    bad.write_text(text.replace('base = { remat = "full"', 'base = { grad_reduce = "x", '
+                                'remat = "full"', 1))  # fmt: skip
+    with pytest.raises(UsageError, match=r"search '.*': grad_reduce must be one of"):
+        P.load(bad)
 
 
 def test_a_stated_search_without_its_best_is_refused(tmp_path):

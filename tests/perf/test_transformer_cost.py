@@ -122,7 +122,7 @@ def test_a_data_group_spanning_full_nodes_reduces_in_two_levels_as_predict_colle
     """Issue 52: Narayanan et al.'s Figure 14 (5.9B, 64 A100s, data=32 x pipe=2): the
     data group holds 8 devices of each of 4 nodes, so NCCL's rings cross nodes through
     all 8 NICs; the step's data axis is the two-level all-reduce ``refdl predict
-    collective`` prices for the same bytes and ranks, not one ring at one NIC's rate (6x
+    collective`` prices for the same bytes and ranks, not one ring at one NIC's rate (5x
     slower here). A group of one device a node (tensor 8 fills it) keeps one ring."""
     from refdl import hw
     from refdl.perf.costs import nodes_of

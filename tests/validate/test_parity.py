@@ -136,6 +136,10 @@ def test_a_bf16_log_with_one_control_is_advised_to_give_two(tmp_path, capsys):
     assert "advice" not in capsys.readouterr().err
     assert main(["--results", str(healthy), "--control", str(control)]) == 0  # fp32
     assert "advice" not in capsys.readouterr().err
+    # a precision refdl measured no envelope for: the advice says the noise is a default
+    assert main(["--results", str(healthy), "--control", str(control), "--set",
+                 "precision=fp16"]) == 0  # fmt: skip
+    assert "refdl measured no fp16 envelope" in capsys.readouterr().err
 
 
 def test_too_few_common_steps_is_one_line():

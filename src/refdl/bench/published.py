@@ -97,6 +97,9 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     for i, p in enumerate(raw.get("point", [])):
         if p.get("source") not in parts:
             raise UsageError(f"--data {path}: point {i} names an unknown source")
+        if p.get("grad_reduce", "fp32") not in parallel_points.GRAD_REDUCE:
+            raise UsageError(f"--data {path}: point {i}: grad_reduce must be one of "
+                             f"{', '.join(parallel_points.GRAD_REDUCE)}")  # fmt: skip
         if p.get("stack", "") and p["stack"] not in stacks.table():
             raise UsageError(f"--data {path}: point {i}: stack {p['stack']!r} is not one of "
                              f"{', '.join(stacks.table())}")  # fmt: skip

@@ -65,6 +65,10 @@ def load_stated(
             raise UsageError(f"--data {path}: search {sid!r} has an unknown source or keys "
                              f"other than {', '.join(sorted(SEARCH_KEYS))}")  # fmt: skip
         cands = t.get("candidates") or []
+        for lay in (t.get("base", {}), *cands):
+            if lay.get("grad_reduce", "fp32") not in ("fp32", "compute"):
+                raise UsageError(f"--data {path}: search {sid!r}: grad_reduce must be one "
+                                 "of fp32, compute")  # fmt: skip
         best = t.get("best")
         if len(cands) < 2 or not isinstance(best, int) or not 0 <= best < len(cands):
             raise UsageError(f"--data {path}: search {sid!r} needs 2+ candidates and the "

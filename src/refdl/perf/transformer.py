@@ -368,8 +368,10 @@ def axis_comm(
     Given ``nodes``, the data axis's gradient all-reduce, where its group spans nodes
     with several members in each, runs in two levels, as NCCL's rings do on nodes of
     several NICs (``allreduce_hierarchical``, as ``refdl predict collective`` and the
-    data strategy price it): the node's link inside it, the node's NICs shared by its
-    members across nodes; else one ring on the axis's link. The fsdp axis keeps one
+    data strategy price it): the node's link inside it, across nodes each device's
+    share of its node's NICs (every device of a node reduces at once); a group with one
+    member a node runs one ring across nodes at that share; a group inside a node one
+    ring on the axis's link. The fsdp axis keeps one
     ring on its link: its gathers are priced as one collective a pass, not the
     per-layer collectives ZeRO-3 and FSDP issue, whose latencies that ring's bandwidth
     stands in for (two levels there priced Narayanan et al.'s ZeRO-3 rows 13-64 % fast,
@@ -426,9 +428,17 @@ def axis_comm(
 
     def reduce(n: float, p: int, axes: tuple[str, ...]) -> float:
         g = members_per_node(mesh, axes, nodes.per_node) if nodes else 1
-        if nodes and 1 < g < p:  # spans nodes, several members in each
-            return allreduce_hierarchical(n, p, g, nodes.intra, nodes.inter, nodes.nics)
-        return allreduce_ring(n, p, links["data"])
+        if not nodes or g >= p:  # no two levels known, or the group fits in a node
+            return allreduce_ring(n, p, links["data"])
+        # every device of a node reduces at once (the other groups are its siblings over
+        # the other axes): a device's share of the node's NICs is min(nics, per_node) /
+        # per_node, whatever its group's g (allreduce_hierarchical shares among g)
+        share = nodes.per_node / max(1, min(nodes.nics, nodes.per_node))
+        inter = dataclasses.replace(nodes.inter, beta=nodes.inter.beta * share)
+        if g == 1:  # one member a node: one ring across nodes
+            return allreduce_ring(n, p, inter)
+        inter = dataclasses.replace(inter, beta=inter.beta * min(nodes.nics, g) / g)
+        return allreduce_hierarchical(n, p, g, nodes.intra, inter, nodes.nics)
 
     if group * ep > 1:
         t = reduce(grads_dense, group * ep, ("data", "context", "expert"))

@@ -190,13 +190,17 @@ def parity_report(
     precision = str(logs[0].config.get("precision", "fp32"))
     r = judge(Curve.of(logs[0].rows), [Curve.of(log.rows) for log in logs[1:]], precision)
     rates = measured()
+    second = ("give a second control, a trusted plain 1-D run from the same seed on "
+              "another device count (--control A --control B), whose difference is this "
+              "run's own noise (docs/validation.md)")  # fmt: skip
     if len(controls) == 1 and precision != "fp32":
+        measured_here = precision in ((rates or {}).get("envelope_rel") or {})
         r["advice"] = (
             f"{precision} with one control: the envelope is the noisiest model's "
             f"{precision} noise refdl measured, wider than a transformer's, so a bug that "
-            "moves a transformer's loss less passes; give a second control, the 1-D run "
-            "from the same seed on another device count (--control A --control B), whose "
-            "difference is this run's own noise (docs/validation.md)"
+            f"moves a transformer's loss less passes; {second}" if measured_here else
+            f"{precision} with one control: refdl measured no {precision} envelope, so the "
+            f"noise is a default of 1e-3 of the loss; {second}"
         )  # fmt: skip
     r.update(
         log=test, controls=list(controls), precision=precision,
@@ -229,7 +233,9 @@ def rates_lines(rates: dict[str, Any], n_controls: int) -> list[str]:
     lines = []
     for s in settings or [None]:  # an older rates file: every setting together
         fa = by[s] if s else rates["false_alarms"]
-        got = {k: v.get("by_setting", {}).get(s, v) if s else v
+        if not fa.get("n"):
+            continue
+        got = {k: v.get("by_setting", {}).get(s, {"n": 0}) if s else v
                for k, v in rates["detected"].items()}  # fmt: skip
         caught = ", ".join(f"{k} {v['rate']:.0%} of {v['n']}" for k, v in got.items()
                            if v.get("n"))  # fmt: skip
