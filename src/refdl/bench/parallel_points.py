@@ -23,7 +23,7 @@ from typing import Any
 
 from refdl import hw
 from refdl.errors import UsageError
-from refdl.perf import PredictOptions
+from refdl.perf import GRAD_REDUCE, PredictOptions
 from refdl.perf.costs import formula_of
 from refdl.perf.model_cost import model_cost
 from refdl.perf.transformer import TransformerShape, model_flops
@@ -32,7 +32,6 @@ from refdl.strategies import traits_of
 
 LAYOUT = ("mesh", "global_batch", "microbatch", "schedule", "chunks", "sequence_parallel",
           "remat", "cp", "flops_counted", "overlap", "grad_reduce")  # fmt: skip
-GRAD_REDUCE = ("fp32", "compute")  # a source's data-parallel gradients: reduced in fp32 or not
 SHAPE_KEYS = {f.name for f in dataclasses.fields(TransformerShape)}
 METRICS = ("time_s", "tflops_per_gpu", "mfu", "tokens_per_s_per_gpu", "samples_per_s_per_gpu")
 OP_CLASS = "transformer"  # the achieved fraction these points calibrate
@@ -53,6 +52,13 @@ def register_shapes(raw: list[dict[str, Any]], path: str) -> None:
                 raise UsageError(f"--data {path}: shape {sid!r} differs from the zoo's")
             continue
         register_transformer(sid, shape, f"published data set shape ({table.get('source')})")
+
+
+def check_grad_reduce(table: dict[str, Any], where: str) -> None:
+    """One line naming ``where`` (a data set's source, point or search) when its
+    ``grad_reduce`` is not a precision refdl prices."""
+    if table.get("grad_reduce", "fp32") not in GRAD_REDUCE:
+        raise UsageError(f"{where}: grad_reduce must be one of {', '.join(GRAD_REDUCE)}")
 
 
 def layout(p: Any) -> dict[str, Any]:

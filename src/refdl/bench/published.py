@@ -89,17 +89,13 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     inherited = {s["id"]: {"grad_reduce": s["grad_reduce"]} if "grad_reduce" in s else {}
                  for s in raw.get("source", [])}  # fmt: skip
     for sid, lay in inherited.items():
-        if lay.get("grad_reduce", "fp32") not in parallel_points.GRAD_REDUCE:
-            raise UsageError(f"--data {path}: source {sid!r}: grad_reduce must be one of "
-                             f"{', '.join(parallel_points.GRAD_REDUCE)}")  # fmt: skip
+        parallel_points.check_grad_reduce(lay, f"--data {path}: source {sid!r}")
     parallel_points.register_shapes(raw.get("shape", []), str(path))
     points = []
     for i, p in enumerate(raw.get("point", [])):
         if p.get("source") not in parts:
             raise UsageError(f"--data {path}: point {i} names an unknown source")
-        if p.get("grad_reduce", "fp32") not in parallel_points.GRAD_REDUCE:
-            raise UsageError(f"--data {path}: point {i}: grad_reduce must be one of "
-                             f"{', '.join(parallel_points.GRAD_REDUCE)}")  # fmt: skip
+        parallel_points.check_grad_reduce(p, f"--data {path}: point {i}")
         if p.get("stack", "") and p["stack"] not in stacks.table():
             raise UsageError(f"--data {path}: point {i}: stack {p['stack']!r} is not one of "
                              f"{', '.join(stacks.table())}")  # fmt: skip

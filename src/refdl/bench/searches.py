@@ -24,6 +24,7 @@ import math
 from statistics import mean
 from typing import Any
 
+from refdl.bench.parallel_points import check_grad_reduce
 from refdl.config.mesh import MeshSpec
 from refdl.errors import UsageError
 from refdl.perf.search import TIE_BAND, layout_plainness
@@ -66,9 +67,7 @@ def load_stated(
                              f"other than {', '.join(sorted(SEARCH_KEYS))}")  # fmt: skip
         cands = t.get("candidates") or []
         for lay in (t.get("base", {}), *cands):
-            if lay.get("grad_reduce", "fp32") not in ("fp32", "compute"):
-                raise UsageError(f"--data {path}: search {sid!r}: grad_reduce must be one "
-                                 "of fp32, compute")  # fmt: skip
+            check_grad_reduce(lay, f"--data {path}: search {sid!r}")
         best = t.get("best")
         if len(cands) < 2 or not isinstance(best, int) or not 0 <= best < len(cands):
             raise UsageError(f"--data {path}: search {sid!r} needs 2+ candidates and the "

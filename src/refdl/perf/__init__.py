@@ -67,6 +67,7 @@ def _opt(default: Any, value: Any) -> Any:
 
 
 # fp32 words of optimizer state a parameter carries (momentum's velocity; Adam's two moments)
+GRAD_REDUCE = ("fp32", "compute")  # a transformer's gradients reduced in fp32 or not
 OPTIMIZER_WORDS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2, "muon": 1}
 
 
@@ -116,7 +117,7 @@ class PredictOptions:
     compute: str = _opt("shape", Choice(("shape", "flops")))
     # transformers: the gradients' reduction over data/fsdp in fp32, or in the compute
     # precision (Megatron-Core's grad_reduce_in_fp32=False)
-    grad_reduce: str = _opt("fp32", Choice(("fp32", "compute")))
+    grad_reduce: str = _opt("fp32", Choice(GRAD_REDUCE))
     # transformers on pipe > 1: the layers where the second stage on begin (default: equal
     # stages, or a layer fewer at the ends where pipe does not divide the layers)
     stage_boundaries: tuple[int, ...] | None = _opt(None, Optional(Ints(like="7,15")))

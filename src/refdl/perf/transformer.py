@@ -28,6 +28,7 @@ from typing import Any
 from refdl.config.mesh import MeshSpec
 from refdl.core.moe import capacity
 from refdl.errors import UsageError
+from refdl.perf import GRAD_REDUCE
 from refdl.perf.collectives import (
     Link,
     allgather_ring,
@@ -419,7 +420,7 @@ def axis_comm(
         count = 2 * microbatches * chunks
         t = count * (lk.alpha + msg * lk.beta)
         out["pipe"] = AxisComm(t, t, count * msg)
-    if grad_reduce not in ("fp32", "compute"):
+    if grad_reduce not in GRAD_REDUCE:
         raise UsageError(f"--grad-reduce must be fp32 or compute (got {grad_reduce!r})")
     word = 4.0 if grad_reduce == "fp32" else float(ACT_BYTES[precision])
     grads_dense = word * shape.dense_params() / (tp * pp * mesh.fsdp)
