@@ -247,7 +247,8 @@ def test_zoo_language_models_have_their_papers_parameter_counts(name, published)
 def test_gradients_reduced_in_the_compute_precision_move_half_the_bytes():
     """--grad-reduce compute (Megatron-Core's grad_reduce_in_fp32=False) reduces the data
     and fsdp axes' gradients in bf16: the data axis moves half its fp32 bytes, fsdp's
-    reduce-scatter a word of 2 not 4 beside its two bf16 gathers; nothing else changes;
+    reduce-scatter a word of 2 not 4 beside its bf16 gather (one a step with pipe);
+    nothing else changes;
     plan takes the flag too, and a bad value is one line, exit 2."""
     from refdl.perf.planning import plan_configurations
     from refdl.strategies import declared_traits
@@ -262,7 +263,7 @@ def test_gradients_reduced_in_the_compute_precision_move_half_the_bytes():
     bf16 = dict((a, n) for a, _, _, n in K.hybrid(
         m, p, 512, 1024, PredictOptions(**o, grad_reduce="compute")).comm_by_axis)  # fmt: skip
     assert bf16["data"] == pytest.approx(fp32["data"] / 2)
-    assert bf16["fsdp"] == pytest.approx(fp32["fsdp"] * (2 + 2 + 2) / (2 + 2 + 4))
+    assert bf16["fsdp"] == pytest.approx(fp32["fsdp"] * (2 + 2) / (2 + 4))
     assert bf16["model"] == fp32["model"] and bf16["pipe"] == fp32["pipe"]
     kw = dict(strategies=declared_traits(), top=1, precisions=("bf16",), ties="time")
     a, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512, **kw)
@@ -286,3 +287,53 @@ def test_gradients_reduced_in_the_compute_precision_move_half_the_bytes():
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "refdl.predict: error: --grad-reduce must be one of fp32, compute (got 'x')"
     ]
+
+
+def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it():
+    """Without pipe an fsdp axis gathers its parameters for each microbatch's forward
+    and backward and reduce-scatters each microbatch's gradients (FSDP2's default,
+    DeepSpeed's ZeRO-3): 4 microbatches move 4x the bytes of 1. With pipe it gathers
+    once a step and reduces at the last backward (torchtitan under pipelining), and
+    holds the stage's bf16 parameters and fp32 gradients unsharded: 6 bytes a stage
+    parameter more than the same mesh's sharded state. Across nodes the gathers run
+    in two levels, as NCCL's rings do: cheaper than one ring at one NIC's rate."""
+    from refdl.perf.transformer import (
+        MeshSpec,
+        axis_comm,
+        axis_links,
+        fsdp_gathered_bytes,
+        state_bytes,  # fmt: skip
+    )
+
+    p = __import__("refdl.hw", fromlist=["load"]).load("a100-nvlink-ib-hdr").view(
+        "expected", "bf16", "transformer")  # fmt: skip
+    m = model_cost("gpt3-175b")
+    shape = m.transformer
+
+    def fsdp(mesh: str, mb: int) -> tuple[float, float]:
+        o = PredictOptions(mesh=mesh, microbatches=mb, precision="bf16")
+        r = K.hybrid(m, p, 4096, 1024, o)
+        return dict((a, (t, n)) for a, t, _, n in r.comm_by_axis)["fsdp"]
+
+    one, four = fsdp("data=32,fsdp=32", 1), fsdp("data=32,fsdp=32", 4)
+    assert four[1] == pytest.approx(4 * one[1]) and four[0] == pytest.approx(4 * one[0])
+    whole = shape.params / 8 / 8  # model=8, pipe=8
+    _, staged = fsdp("data=8,fsdp=2,model=8,pipe=8", 16)
+    assert staged == pytest.approx((2 + 4) * whole * (2 - 1) / 2)  # one gather, fp32 grads
+    mesh = MeshSpec(data=8, fsdp=2, model=8, pipe=8)
+    assert fsdp_gathered_bytes(shape, mesh, "bf16") == pytest.approx(
+        (2 + 4) * (shape.dense_params() / 64 + shape.expert_params() / 64)
+    )
+    assert fsdp_gathered_bytes(shape, MeshSpec(data=8, model=8, pipe=8), "bf16") == 0.0
+    flat = MeshSpec(data=32, fsdp=32)
+    assert fsdp_gathered_bytes(shape, flat, "bf16") == pytest.approx(
+        2 * 2 * shape.params / shape.layers
+    )  # two layers gathered, bf16
+    assert state_bytes(shape, flat, 2, 0, "bf16") > 0
+    links = axis_links(flat, p, lambda n: K._link(p, n, PredictOptions()))
+    nodes = K.nodes_of(p, PredictOptions(mesh="data=32,fsdp=32"))
+    assert nodes is not None and nodes.per_node == 8
+    two = axis_comm(shape, flat, 4096, links, microbatches=1, precision="bf16", nodes=nodes)
+    ring = axis_comm(shape, flat, 4096, links, microbatches=1, precision="bf16")
+    assert two["fsdp"].time_s < ring["fsdp"].time_s / 2  # 8 members a node share 8 NICs
+    assert two["fsdp"].bytes == ring["fsdp"].bytes

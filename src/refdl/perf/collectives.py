@@ -51,6 +51,21 @@ def allreduce_hierarchical(
             + allgather_ring(n, g, intra))  # fmt: skip
 
 
+def allgather_hierarchical(
+    n: float, p: int, per_node: int, intra: Link, inter: Link, nics: int = 1
+) -> float:
+    """A two-level all-gather of ``n`` gathered bytes over ``p`` devices, ``per_node`` of
+    them to a node: each device gathers its rail's ``n / g`` across the nodes (the
+    node's ``nics`` NICs shared by its ``g`` devices), then the node gathers the ``g``
+    rails' blocks over ``intra``. A reduce-scatter runs the same steps reversed."""
+    g = max(1, min(per_node, p))
+    nodes = math.ceil(p / g)
+    if nodes <= 1:
+        return allgather_ring(n, p, intra)
+    shared = Link(inter.alpha, inter.beta * g / max(1, min(nics, g)), inter.gamma)
+    return allgather_ring(n / g, nodes, shared) + allgather_ring(n, g, intra)
+
+
 def allreduce_lower_bound(
     n: float, p: int, per_node: int, intra: Link, inter: Link | None = None, nics: int = 1
 ) -> float:

@@ -49,6 +49,7 @@ from refdl.perf.transformer import (
     axis_comm,
     axis_links,
     check_mesh,
+    fsdp_gathered_bytes,
     remat_factor,
     stage_layers,
     state_bytes,
@@ -511,6 +512,7 @@ def transformer_step(
                                       else min(mesh.pipe, mb))  # fmt: skip
     heavy = busiest / (shape.layers / mesh.pipe)  # the busiest stage's state, too
     mem = heavy * state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
+    mem += heavy * fsdp_gathered_bytes(shape, mesh, opts.precision, opts.grad_reduce)
     mem += activation_bytes(shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat,
                             opts.precision, fused=opts.attention == "fused",
                             busiest=busiest)  # fmt: skip

@@ -31,6 +31,7 @@ from refdl.errors import UsageError
 from refdl.perf import GRAD_REDUCE
 from refdl.perf.collectives import (
     Link,
+    allgather_hierarchical,
     allgather_ring,
     allreduce_hierarchical,
     allreduce_ring,
@@ -359,10 +360,17 @@ def axis_comm(
       ``n / tp`` (Megatron's scatter/gather: each tensor rank sends its share);
     - data (with context and expert, which hold replicas too) and fsdp: the fp32
       gradients of the device's share of the parameters, a ring all-reduce; fsdp
-      gathers the parameters twice (forward, backward) in the compute precision and
-      reduce-scatters the fp32 gradient. ``grad_reduce="compute"`` reduces the
-      gradients in the compute precision instead (Megatron-Core's default,
-      ``grad_reduce_in_fp32=False``; Megatron-LM's fp16 runs of 2021).
+      without pipe gathers the parameters twice (forward, backward) in the compute
+      precision and reduce-scatters the fp32 gradient for every microbatch (FSDP2's
+      default ``reshard_after_forward=True`` under torchtitan's accumulation loop,
+      DeepSpeed's ZeRO-3, ``refdl train --strategy fsdp --zero 3``); with pipe it
+      gathers once a step and reduce-scatters at the last backward (torchtitan keeps
+      a stage's parameters gathered under pipelining, ``reshard_after_forward = not
+      pp_enabled``, and ``torch.distributed.pipelining`` turns gradient sync off until
+      the last backward; ``fsdp_gathered_bytes`` holds the price in memory).
+      ``grad_reduce="compute"`` reduces the gradients in the compute precision
+      instead (Megatron-Core's default, ``grad_reduce_in_fp32=False``; Megatron-LM's
+      fp16 runs of 2021).
 
     ``flop_rate`` (FLOP/s) times the ring's block overlap; every other collective is
     returned exposed (the caller's ``overlap`` may hide a share behind the compute).
@@ -372,11 +380,11 @@ def axis_comm(
     data strategy price it): the node's link inside it, across nodes each device's
     share of its node's NICs (every device of a node reduces at once); a group with one
     member a node runs one ring across nodes at that share; a group inside a node one
-    ring on the axis's link. The fsdp axis keeps one
-    ring on its link: its gathers are priced as one collective a pass, not the
-    per-layer collectives ZeRO-3 and FSDP issue, whose latencies that ring's bandwidth
-    stands in for (two levels there priced Narayanan et al.'s ZeRO-3 rows 13-64 % fast,
-    2026-11-27)."""
+    ring on the axis's link. The fsdp axis's gathers and reduce-scatters run in the
+    same two levels (``allgather_hierarchical``), each priced as one collective a pass,
+    not as the per-layer collectives FSDP issues (their latencies are left out).
+    DeepSpeed's ZeRO-3 of 2021 ran below this rate (Narayanan et al.'s Table 2 rows are
+    predicted 13-64 % fast); FSDP2's Automodel row holds it."""
     h, s = shape.d_model, shape.seq
     tp, c, ep, pp = mesh.model, mesh.context, mesh.expert, mesh.pipe
     replicas = mesh.data * mesh.fsdp * ep
@@ -427,19 +435,22 @@ def axis_comm(
     grads_expert = word * shape.expert_params() / (tp * pp * ep * mesh.fsdp)
     group = mesh.data * c
 
-    def reduce(n: float, p: int, axes: tuple[str, ...]) -> float:
+    def two_levels(n: float, p: int, axes: tuple[str, ...], ring, hierarchical) -> float:
         g = members_per_node(mesh, axes, nodes.per_node) if nodes else 1
         if not nodes or g >= p:  # no two levels known, or the group fits in a node
-            return allreduce_ring(n, p, links["data"])
+            return ring(n, p, links[axes[0]])
         # every device of a node reduces at once (the other groups are its siblings over
         # the other axes): a device's share of the node's NICs is min(nics, per_node) /
-        # per_node, whatever its group's g (allreduce_hierarchical shares among g)
+        # per_node, whatever its group's g (the hierarchical forms share among g)
         share = nodes.per_node / max(1, min(nodes.nics, nodes.per_node))
         inter = dataclasses.replace(nodes.inter, beta=nodes.inter.beta * share)
         if g == 1:  # one member a node: one ring across nodes
-            return allreduce_ring(n, p, inter)
+            return ring(n, p, inter)
         inter = dataclasses.replace(inter, beta=inter.beta * min(nodes.nics, g) / g)
-        return allreduce_hierarchical(n, p, g, nodes.intra, inter, nodes.nics)
+        return hierarchical(n, p, g, nodes.intra, inter, nodes.nics)
+
+    def reduce(n: float, p: int, axes: tuple[str, ...]) -> float:
+        return two_levels(n, p, axes, allreduce_ring, allreduce_hierarchical)
 
     if group * ep > 1:
         t = reduce(grads_dense, group * ep, ("data", "context", "expert"))
@@ -449,9 +460,11 @@ def axis_comm(
         out["data"] = AxisComm(t, t, sent)
     if mesh.fsdp > 1:
         whole = shape.params / (tp * pp)  # the parameters an fsdp group gathers
-        words = 2 * ACT_BYTES[precision] + word  # two gathers in the compute precision, grads
-        t = allgather_ring(words * whole, mesh.fsdp, links["fsdp"])
-        out["fsdp"] = AxisComm(t, t, words * whole * (mesh.fsdp - 1) / mesh.fsdp)
+        gathers, rounds = (1, 1) if pp > 1 else (2, microbatches)
+        words = gathers * ACT_BYTES[precision] + word  # gathers in the compute precision, grads
+        t = rounds * two_levels(words * whole, mesh.fsdp, ("fsdp",), allgather_ring,
+                                allgather_hierarchical)  # fmt: skip
+        out["fsdp"] = AxisComm(t, t, rounds * words * whole * (mesh.fsdp - 1) / mesh.fsdp)
     return out
 
 
@@ -470,6 +483,25 @@ def state_bytes(
     per = weights + (grads / d if zero >= 2 else grads) + optimizer / d
     split = mesh.model * mesh.pipe * mesh.fsdp
     return per * (shape.dense_params() / split + shape.expert_params() / (split * mesh.expert))
+
+
+def fsdp_gathered_bytes(
+    shape: TransformerShape, mesh: MeshSpec, precision: str, grad_reduce: str = "fp32"
+) -> float:
+    """What an fsdp axis holds unsharded on a device beside its shards: with pipe, the
+    stage's parameters in the compute precision and their gradients accumulated in the
+    reduction's precision, kept over the step's microbatches (torchtitan under
+    pipelining: ``reshard_after_forward=False``; FSDP2 accumulates unsharded gradients
+    in ``reduce_dtype``); without pipe, two layers' parameters (the one computing and
+    the one prefetched)."""
+    if mesh.fsdp == 1:
+        return 0.0
+    act = float(ACT_BYTES.get(precision, 4))
+    split = mesh.model * mesh.pipe
+    stage = shape.dense_params() / split + shape.expert_params() / (split * mesh.expert)
+    if mesh.pipe > 1:
+        return stage * (act + (4.0 if grad_reduce == "fp32" else act))
+    return 2 * act * stage / shape.layers
 
 
 def activation_bytes(
