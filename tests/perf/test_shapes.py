@@ -105,6 +105,9 @@ def test_deepseeks_latent_attention_and_dense_first_layers_count_as_its_reports_
     ("layers=2,d_model=8,heads=2,dense_layers=1", "dense_layers and dense_ffn need experts"),
     ("layers=2,d_model=8,heads=2,experts=4,dense_layers=2", "dense_layers must be below"),
     ("layers=2,d_model=8,heads=2,rope_dim=4", "give kv_lora too"),
+    ("layers=0,d_model=8,heads=2", "layers must be >= 1"),
+    ("layers=2,d_model=40,heads=10,kv_heads=3", "heads 10 must divide by kv_heads 3"),
+    ("layers=2,d_model=8,heads=2,top_k=2", "top_k needs experts"),
 ])  # fmt: skip
 def test_a_bad_shape_is_one_line(text, message):
     with pytest.raises(UsageError, match=message):

@@ -295,14 +295,18 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     DeepSpeed's ZeRO-3): 4 microbatches move 4x the bytes of 1. With pipe it gathers
     once a step and reduces at the last backward (torchtitan under pipelining), and
     holds the stage's bf16 parameters and fp32 gradients unsharded: 6 bytes a stage
-    parameter more than the same mesh's sharded state. Across nodes the gathers run
-    in two levels, as NCCL's rings do: cheaper than one ring at one NIC's rate."""
+    parameter more than the same mesh's sharded state, in the step's memory. Across
+    nodes the gathers run in two levels, as NCCL's rings do, a device's share of its
+    node's NICs as the data axis has it; an expert's parameters split over expert."""
+    from refdl.perf.collectives import Link, allgather_ring
     from refdl.perf.transformer import (
         MeshSpec,
+        Nodes,
+        activation_bytes,
         axis_comm,
         axis_links,
         fsdp_gathered_bytes,
-        state_bytes,  # fmt: skip
+        state_bytes,
     )
 
     p = __import__("refdl.hw", fromlist=["load"]).load("a100-nvlink-ib-hdr").view(
@@ -310,26 +314,31 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     m = model_cost("gpt3-175b")
     shape = m.transformer
 
+    def run(mesh: str, mb: int):
+        return K.hybrid(m, p, 4096, 1024, PredictOptions(mesh=mesh, microbatches=mb,
+                                                         precision="bf16"))  # fmt: skip
+
     def fsdp(mesh: str, mb: int) -> tuple[float, float]:
-        o = PredictOptions(mesh=mesh, microbatches=mb, precision="bf16")
-        r = K.hybrid(m, p, 4096, 1024, o)
-        return dict((a, (t, n)) for a, t, _, n in r.comm_by_axis)["fsdp"]
+        return dict((a, (t, n)) for a, t, _, n in run(mesh, mb).comm_by_axis)["fsdp"]
 
     one, four = fsdp("data=32,fsdp=32", 1), fsdp("data=32,fsdp=32", 4)
+    assert one[1] == pytest.approx((2 * 2 + 4) * shape.params * 31 / 32)  # 2 gathers, RS
     assert four[1] == pytest.approx(4 * one[1]) and four[0] == pytest.approx(4 * one[0])
     whole = shape.params / 8 / 8  # model=8, pipe=8
     _, staged = fsdp("data=8,fsdp=2,model=8,pipe=8", 16)
     assert staged == pytest.approx((2 + 4) * whole * (2 - 1) / 2)  # one gather, fp32 grads
     mesh = MeshSpec(data=8, fsdp=2, model=8, pipe=8)
-    assert fsdp_gathered_bytes(shape, mesh, "bf16") == pytest.approx(
-        (2 + 4) * (shape.dense_params() / 64 + shape.expert_params() / 64)
-    )
+    held = fsdp_gathered_bytes(shape, mesh, "bf16")
+    assert held == pytest.approx((2 + 4) * whole)
     assert fsdp_gathered_bytes(shape, MeshSpec(data=8, model=8, pipe=8), "bf16") == 0.0
     flat = MeshSpec(data=32, fsdp=32)
     assert fsdp_gathered_bytes(shape, flat, "bf16") == pytest.approx(
-        2 * 2 * shape.params / shape.layers
-    )  # two layers gathered, bf16
-    assert state_bytes(shape, flat, 2, 0, "bf16") > 0
+        2 * 2 * shape.params / shape.layers)  # two layers gathered, bf16  # fmt: skip
+    # the step's memory holds them: state + gathered + activations (96 layers / 8 stages)
+    mem = run("data=8,fsdp=2,model=8,pipe=8", 16).memory_bytes
+    acts = activation_bytes(shape, mesh, 4096, 16, min(8, 16), False, "none", "bf16")
+    words = PredictOptions().optimizer_words
+    assert mem == pytest.approx(state_bytes(shape, mesh, words, 0, "bf16") + held + acts, rel=1e-6)
     links = axis_links(flat, p, lambda n: K._link(p, n, PredictOptions()))
     nodes = K.nodes_of(p, PredictOptions(mesh="data=32,fsdp=32"))
     assert nodes is not None and nodes.per_node == 8
@@ -337,3 +346,14 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     ring = axis_comm(shape, flat, 4096, links, microbatches=1, precision="bf16")
     assert two["fsdp"].time_s < ring["fsdp"].time_s / 2  # 8 members a node share 8 NICs
     assert two["fsdp"].bytes == ring["fsdp"].bytes
+    # one NIC for 8 devices, 2 fsdp members a node (model=4 fills the rest): by hand,
+    # a device's inter-node share is 1/8 of the NIC; each gathers n/2 across 16 nodes
+    intra, inter = Link(1e-6, 1 / 200e9), Link(2e-6, 1 / 25e9)
+    lean = Nodes(per_node=8, intra=intra, inter=inter, nics=1)
+    wide = MeshSpec(data=2, fsdp=32, model=4)
+    lk = {a: inter for a in ("model", "context", "expert", "fsdp", "data", "pipe")}
+    t = axis_comm(shape, wide, 4096, lk, microbatches=1, precision="bf16", nodes=lean)
+    n = (2 * 2 + 4) * shape.params / 4
+    slow = Link(inter.alpha, inter.beta * 8)
+    assert t["fsdp"].time_s == pytest.approx(allgather_ring(n / 2, 16, slow)
+                                             + allgather_ring(n, 2, intra))  # fmt: skip

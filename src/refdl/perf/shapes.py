@@ -134,14 +134,20 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
 
 
 def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> TransformerShape:
-    if missing := [k for k in REQUIRED if not values.get(k)]:
+    if missing := [k for k in REQUIRED if values.get(k) is None]:
         raise UsageError(f"{flag}: {', '.join(missing)} missing (needs layers, d_model, heads)")
     kw = {KEYS.get(k, k): v for k, v in values.items()}
     kw["seq"] = seq_len or values.get("seq") or DEFAULT_SEQ
     kw.setdefault("vocab", DEFAULT_VOCAB)
     kw.setdefault("tied", False)
     kw.setdefault("positions", False)
-    if kw.get("top_k", 1) and not kw.get("experts"):
+    if not kw.get("experts"):
+        given = [k for k in ("shared_experts",) if values.get(k)]
+        given = [k for k in ("top_k",) if values.get(k, 1) != 1] + given  # 1: dense's own
+        if given:
+            verb = "needs" if len(given) == 1 else "need"
+            raise UsageError(f"{flag}: {' and '.join(given)} {verb} experts (routed ones); "
+                             "give experts=E too, or leave them out for a dense model")  # fmt: skip
         kw.pop("top_k", None)
     try:
         return TransformerShape(**kw)

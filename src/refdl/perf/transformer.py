@@ -90,6 +90,10 @@ class TransformerShape:
         if self.d_model % self.heads and not self.head_dim:
             raise UsageError(f"transformer shape: d_model {self.d_model} must divide by "
                              f"heads {self.heads}")  # fmt: skip
+        if self.kv_heads and (self.kv_heads < 0 or self.heads % self.kv_heads):
+            raise UsageError(f"transformer shape: heads {self.heads} must divide by kv_heads "
+                             f"{self.kv_heads} (each key-value head serves a group of "
+                             "query heads)")  # fmt: skip
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise UsageError(f"transformer shape: top_k must be in 1..experts ({self.experts})")
         if self.shared_experts and not self.experts:
@@ -459,7 +463,7 @@ def axis_comm(
         sent += 2 * grads_expert * (group - 1) / group if group > 1 else 0.0
         out["data"] = AxisComm(t, t, sent)
     if mesh.fsdp > 1:
-        whole = shape.params / (tp * pp)  # the parameters an fsdp group gathers
+        whole = stage_params(shape, mesh)  # the parameters an fsdp group gathers
         gathers, rounds = (1, 1) if pp > 1 else (2, microbatches)
         words = gathers * ACT_BYTES[precision] + word  # gathers in the compute precision, grads
         t = rounds * two_levels(words * whole, mesh.fsdp, ("fsdp",), allgather_ring,
@@ -485,6 +489,13 @@ def state_bytes(
     return per * (shape.dense_params() / split + shape.expert_params() / (split * mesh.expert))
 
 
+def stage_params(shape: TransformerShape, mesh: MeshSpec) -> float:
+    """The parameters of one device's share before fsdp shards it: the dense ones over
+    ``model x pipe``, the experts also over ``expert`` (what an fsdp group gathers)."""
+    split = mesh.model * mesh.pipe
+    return shape.dense_params() / split + shape.expert_params() / (split * mesh.expert)
+
+
 def fsdp_gathered_bytes(
     shape: TransformerShape, mesh: MeshSpec, precision: str, grad_reduce: str = "fp32"
 ) -> float:
@@ -492,13 +503,13 @@ def fsdp_gathered_bytes(
     stage's parameters in the compute precision and their gradients accumulated in the
     reduction's precision, kept over the step's microbatches (torchtitan under
     pipelining: ``reshard_after_forward=False``; FSDP2 accumulates unsharded gradients
-    in ``reduce_dtype``); without pipe, two layers' parameters (the one computing and
-    the one prefetched)."""
+    in ``reduce_dtype``); without pipe, two mean layers' parameters (the one computing
+    and the one prefetched; an embedding unit larger than a layer, and the unsharded
+    gradient a reduce-scatter holds, are left out)."""
     if mesh.fsdp == 1:
         return 0.0
     act = float(ACT_BYTES.get(precision, 4))
-    split = mesh.model * mesh.pipe
-    stage = shape.dense_params() / split + shape.expert_params() / (split * mesh.expert)
+    stage = stage_params(shape, mesh)
     if mesh.pipe > 1:
         return stage * (act + (4.0 if grad_reduce == "fp32" else act))
     return 2 * act * stage / shape.layers
