@@ -297,7 +297,8 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     holds the stage's bf16 parameters and fp32 gradients unsharded: 6 bytes a stage
     parameter more than the same mesh's sharded state, in the step's memory. Across
     nodes the gathers run in two levels, as NCCL's rings do, a device's share of its
-    node's NICs as the data axis has it; an expert's parameters split over expert."""
+    node's NICs as the data axis has it, each layer's collectives paying their latency
+    (FSDP's unit is a block)."""
     from refdl.perf.collectives import Link, allgather_ring
     from refdl.perf.transformer import (
         MeshSpec,
@@ -355,5 +356,7 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     t = axis_comm(shape, wide, 4096, lk, microbatches=1, precision="bf16", nodes=lean)
     n = (2 * 2 + 4) * shape.params / 4
     slow = Link(inter.alpha, inter.beta * 8)
-    assert t["fsdp"].time_s == pytest.approx(allgather_ring(n / 2, 16, slow)
-                                             + allgather_ring(n, 2, intra))  # fmt: skip
+    bandwidth = allgather_ring(n / 2, 16, slow) + allgather_ring(n, 2, intra)
+    latency = 15 * inter.alpha + 1 * intra.alpha  # one collective's, both levels
+    units = 96 + 1  # a unit a layer, and the embedding's: 2 gathers + 1 reduce-scatter each
+    assert t["fsdp"].time_s == pytest.approx(bandwidth + (3 * units - 1) * latency)
