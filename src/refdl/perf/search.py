@@ -14,7 +14,8 @@ the context attention. What is enumerated, and what is not (dominated choices):
 - sequence parallelism whenever ``model`` > 1 (the same collective time, less memory);
 - DualPipeV: priced as ZB-V, so a ZB-V row with ``m >= 2p`` names it as an equal choice;
 - the ZeRO stage: the lowest that fits (every stage moves the same bytes here);
-- without pipeline stages, the fewest microbatches that fit (more only add latency);
+- without pipeline stages, the fewest microbatches that fit (more only add latency, and
+  on an fsdp axis gathers);
   with them, 1F1B (GPipe's bubble with more memory is never chosen), interleaved with 2
   to 8 chunks, ZB-H1 and ZB-V where their closed-form bubble holds, over the
   microbatch counts that divide the batch (powers of two and the largest);
@@ -483,8 +484,9 @@ class Planner:
 
     def bound(self, mesh: MeshSpec, precision: str) -> float:
         """A lower bound of every step on ``mesh`` in ``precision``: the compute without
-        recomputation and the data and fsdp axes' collectives, which no microbatching,
-        schedule or recomputation changes (inf where the mesh cannot run at all)."""
+        recomputation and the data and fsdp axes' collectives at one microbatch (no
+        schedule or recomputation changes them; more microbatches only add fsdp's
+        gathers), inf where the mesh cannot run at all."""
         sp = self.sequence_parallel(mesh)
         least = float("inf")  # the least over the context attentions (their compute differs
         for cp in ("ring", "all-to-all"):  # by shape: a ring pays a kernel a block)
