@@ -309,8 +309,8 @@ def test_plan_prices_a_transformers_products_by_shape_unless_told_flops():
     from refdl.perf.planning import plan_configurations
 
     kw = dict(strategies=declared_traits(), top=1, ties="time", precisions=("bf16",))
-    shape, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512, **kw)
-    flops, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512,
+    shape, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 64, 128, **kw)
+    flops, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 64, 128,
                                    compute="flops", **kw)  # fmt: skip
     a, b = shape["configurations"][0], flops["configurations"][0]
     assert 1.0 < a["step_time_s"] / b["step_time_s"] < 1.1

@@ -266,8 +266,8 @@ def test_gradients_reduced_in_the_compute_precision_move_half_the_bytes():
     assert bf16["fsdp"] == pytest.approx(fp32["fsdp"] * (2 + 2) / (2 + 4))
     assert bf16["model"] == fp32["model"] and bf16["pipe"] == fp32["pipe"]
     kw = dict(strategies=declared_traits(), top=1, precisions=("bf16",), ties="time")
-    a, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512, **kw)
-    b, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 256, 512,
+    a, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 64, 128, **kw)
+    b, _ = plan_configurations("a100-nvlink-ib-hdr", "gpt3-175b", 64, 128,
                                grad_reduce="compute", **kw)  # fmt: skip
     assert b["configurations"][0]["step_time_s"] <= a["configurations"][0]["step_time_s"]
     r = run_predict(
