@@ -141,13 +141,10 @@ def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> Transfo
     kw.setdefault("vocab", DEFAULT_VOCAB)
     kw.setdefault("tied", False)
     kw.setdefault("positions", False)
-    if not kw.get("experts"):
-        given = [k for k in ("shared_experts",) if values.get(k)]
-        given = [k for k in ("top_k",) if values.get(k, 1) != 1] + given  # 1: dense's own
-        if given:
-            verb = "needs" if len(given) == 1 else "need"
-            raise UsageError(f"{flag}: {' and '.join(given)} {verb} experts (routed ones); "
-                             "give experts=E too, or leave them out for a dense model")  # fmt: skip
+    if not kw.get("experts"):  # shared_experts alone: TransformerShape says so
+        if values.get("top_k", 1) != 1:  # 1: a dense model's own
+            raise UsageError(f"{flag}: top_k needs experts (routed ones); give experts=E "
+                             "too, or leave top_k out for a dense model")  # fmt: skip
         kw.pop("top_k", None)
     try:
         return TransformerShape(**kw)

@@ -435,7 +435,7 @@ def axis_comm(
         out["pipe"] = AxisComm(t, t, count * msg)
     if grad_reduce not in GRAD_REDUCE:
         raise UsageError(f"--grad-reduce must be fp32 or compute (got {grad_reduce!r})")
-    word = 4.0 if grad_reduce == "fp32" else float(ACT_BYTES[precision])
+    word = grad_word(grad_reduce, precision)
     grads_dense = word * shape.dense_params() / (tp * pp * mesh.fsdp)
     grads_expert = word * shape.expert_params() / (tp * pp * ep * mesh.fsdp)
     group = mesh.data * c
@@ -492,8 +492,13 @@ def state_bytes(
     weights, grads, optimizer = w, w, master + 4 * words  # w + w + master = STATE_BYTES
     d = mesh.data if zero else 1
     per = weights + (grads / d if zero >= 2 else grads) + optimizer / d
-    split = mesh.model * mesh.pipe * mesh.fsdp
-    return per * (shape.dense_params() / split + shape.expert_params() / (split * mesh.expert))
+    return per * stage_params(shape, mesh) / mesh.fsdp
+
+
+def grad_word(grad_reduce: str, precision: str) -> float:
+    """Bytes of a gradient as the data and fsdp axes reduce it: fp32, or the compute
+    precision (``grad_reduce="compute"``)."""
+    return 4.0 if grad_reduce == "fp32" else float(ACT_BYTES.get(precision, 4))
 
 
 def stage_params(shape: TransformerShape, mesh: MeshSpec) -> float:
@@ -518,7 +523,7 @@ def fsdp_gathered_bytes(
     act = float(ACT_BYTES.get(precision, 4))
     stage = stage_params(shape, mesh)
     if mesh.pipe > 1:
-        return stage * (act + (4.0 if grad_reduce == "fp32" else act))
+        return stage * (act + grad_word(grad_reduce, precision))
     return 2 * act * stage / shape.layers
 
 
