@@ -359,6 +359,7 @@ def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]
     ocp = _ocp()
     problem = None
     leaves: list[Any] = []
+    _quiet_closed_loops()  # before: a failed read's stray callbacks fire as orbax closes
     try:
         check_files(path)
         targets = _targets(meta, like)
@@ -368,7 +369,6 @@ def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]
     except Damaged as e:
         problem = str(e)
     except Exception as e:  # tensorstore, orbax: any failure to read means damage
-        _quiet_closed_loops()
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
         problem = f"{STATE}/ is unreadable ({type(e).__name__}{': ' + first if first else ''})"
     problem = _agree(problem)
