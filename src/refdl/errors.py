@@ -66,7 +66,8 @@ class WriteError(RuntimeError):
 def exit_status(main: Callable[[], int | None], prog: str) -> int:
     """Run a CLI's ``main`` and flush its output: a write that fails where no command
     handled it (standard output on a full disk, a closed pipe) is one line and exit 1,
-    not a traceback; so is a ``UsageError`` no command caught (exit 2)."""
+    not a traceback; so is running out of memory (exit 1) and a ``UsageError`` no command
+    caught (exit 2)."""
     try:
         status = main()
         sys.stdout.flush()
@@ -81,4 +82,11 @@ def exit_status(main: Callable[[], int | None], prog: str) -> int:
         where = e.filename or "standard output"
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to say
         print(f"{prog}: error: cannot write {where} ({e.strerror or e})", file=sys.stderr)
+        return 1
+    except Exception as e:  # out of memory (the host's or XLA's): one line, not a traceback
+        if not (isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e)):
+            raise
+        what = (str(e).strip().splitlines() or ["MemoryError"])[0][:300]
+        print(f"{prog}: error: out of memory ({what}); use a smaller --batch-size or model, "
+              "more devices, or --remat", file=sys.stderr)  # fmt: skip
         return 1

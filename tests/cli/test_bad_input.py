@@ -198,6 +198,28 @@ OTHERS = [
      ["convert", "--dataset", "cifar10", "--data-dir", f"{T}/evil", "--out", f"{T}/z"],
      "refused to load posix.system"),
     ("hw: profile unknown", "refdl.hw", ["show", "nope"], "unknown hardware profile 'nope'"),
+    # 2026-11-27, a fuzzing pass: a traceback, or a value accepted that meant nothing
+    ("hw: calibrate a name with a path", "refdl.hw", ["calibrate", "--name", "../../x"],
+     "a profile's name is letters"),
+    ("predict: a shape of 1e11 layers", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model-shape", "layers=99999999999,d_model=64,heads=1"],
+     "layers must be between 0 and 10,000"),
+    ("predict: a config's layers true", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model-shape-file", f"{T}/hf_true.json"],
+     "num_hidden_layers must be an integer (got True)"),
+    ("predict: a config's tie 'false'", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model-shape-file", f"{T}/hf_tie.json"],
+     "tie_word_embeddings must be true or false"),
+    ("predict: servers with data", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--strategy", "data", "--servers", "2"],
+     "--servers is an option of --strategy ps, not of --strategy data"),
+    ("predict: a straggler with data", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "mlp", "--strategy", "data", "--straggler", "1:0.1"],
+     "--straggler is an option of --strategy decentralized, ps"),
+    ("bench compare: rounds zero", "refdl.bench",
+     ["compare", "--frameworks", "refdl", "--rounds", "0"], "--rounds must be at least 1"),
+    ("bench compare: model unknown", "refdl.bench",
+     ["compare", "--frameworks", "refdl", "--model", "nosuch"], "unknown --model 'nosuch'"),
 ]  # fmt: skip
 
 # Issue 32: files from elsewhere (special files, bombs, deep nesting, paths in files) and
@@ -310,6 +332,10 @@ def make_inputs(tmp: Path) -> None:
     import numpy as np
 
     (tmp / "afile").write_text("not a folder\n")
+    shape = '"hidden_size": 64, "num_attention_heads": 4'
+    (tmp / "hf_true.json").write_text('{"num_hidden_layers": true, ' + shape + "}")
+    (tmp / "hf_tie.json").write_text('{"num_hidden_layers": 2, "tie_word_embeddings": "false", '
+                                     + shape + "}")  # fmt: skip
     (tmp / "damaged" / "checkpoints" / "step_0000010").mkdir(parents=True)
     (tmp / "damaged" / "checkpoints" / "step_0000010" / "meta.json").write_text("{")
     for name, n, labels in (("gz", 4, [1, 2, 3, 4]), ("empty", 0, []), ("neglabels", 4,

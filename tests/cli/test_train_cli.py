@@ -326,3 +326,22 @@ def test_every_commands_mistakes_are_one_line_before_jax_loads(argv, tmp_path):
     assert proc.stdout.split()[-3:] == ["2", "False", "False"], proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and ": error: " in lines[0], proc.stderr
+
+
+def test_running_out_of_memory_is_one_line(capsys):
+    """The host's MemoryError or XLA's RESOURCE_EXHAUSTED (a width of 65,536 on a small
+    machine, 2026-11-27): one line and exit 1, not a traceback from inside JAX."""
+    from refdl.errors import exit_status
+
+    def host() -> int:
+        raise MemoryError
+
+    def xla() -> int:
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17179869184 bytes.\nmore")
+
+    for main in (host, xla):
+        assert exit_status(main, "refdl.train") == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error: out of memory" in err[0], err
+    with pytest.raises(RuntimeError, match="other"):
+        exit_status(lambda: (_ for _ in ()).throw(RuntimeError("other")), "refdl.train")

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad or not frameworks:
             raise UsageError(f"--frameworks: choose from {', '.join(FRAMEWORKS)} (got {bad})")
         try:
-            devices = [int(v) for v in args.devices.split(",") if v.strip()]
+            devices = [int(v) for v in args.devices.split(",")]
         except ValueError:
             raise UsageError(f"--devices {args.devices!r}: give counts like 1,2,4") from None
         if not devices or min(devices) < 1 or max(devices) > 8:
@@ -245,10 +245,19 @@ def main(argv: list[str] | None = None) -> int:
 
         if not traits_of(args.strategy).axes and devices != [1]:
             raise UsageError(f"--strategy {args.strategy} runs on 1 device: --devices 1")
-        if args.sync_every < 1:
-            raise UsageError("--sync-every must be at least 1")
+        for flag, value, least in (("--sync-every", args.sync_every, 1), ("--steps", args.steps, 1),
+                                   ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0),
+                                   ("--batch-size", args.batch_size, 1)):  # fmt: skip
+            if value < least:
+                raise UsageError(f"{flag} must be at least {least} (got {value})")
         if args.warmup >= args.steps:
             raise UsageError("--warmup must be smaller than --steps")
+        if len(set(frameworks)) < len(frameworks):
+            raise UsageError(f"--frameworks names one twice ({args.frameworks})")
+        from refdl.models import MODELS
+
+        if args.model not in MODELS.names():
+            raise UsageError(f"unknown --model {args.model!r}; choose {', '.join(MODELS.names())}")
         if "torch" in frameworks:
             from refdl.adapters import torch as adapter
 

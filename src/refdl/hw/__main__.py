@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("name")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "calibrate" and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}",
+                                                        args.name):  # fmt: skip
+            raise UsageError(f"--name {args.name!r}: a profile's name is letters, digits, "
+                             "'.', '_' and '-' (it names the file profiles/NAME.toml)")  # fmt: skip
         if args.cmd == "calibrate" and args.out:  # before minutes of measuring
             writable_file(args.out, "--out", (".toml",))
         if args.cmd == "show":

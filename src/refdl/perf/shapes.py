@@ -34,6 +34,11 @@ KEYS = {"layers": "layers", "d_model": "d_model", "heads": "heads", "kv_heads": 
         "rope_dim": "rope_dim", "v_head_dim": "v_head_dim"}  # fmt: skip
 FLAGS = ("glu", "tied", "positions")
 REQUIRED = ("layers", "d_model", "heads")
+# The largest each key may be: far beyond any model trained (so that a typo is one line,
+# not a memory error); the widths' (d_model, ffn, heads, ...) is WIDEST.
+LIMITS = {"layers": 10_000, "dense_layers": 10_000, "seq": 1 << 24, "vocab": 1 << 24,
+          "experts": 1 << 14, "top_k": 1 << 14, "shared_experts": 1 << 14}  # fmt: skip
+WIDEST = 1 << 20
 DEFAULT_VOCAB = 32000  # Llama 2's and Mistral's tokenizer, where no vocab is given
 DEFAULT_SEQ = 2048
 MAX_CONFIG_BYTES = 1 << 20
@@ -104,15 +109,24 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
         raise UsageError(f"--model-shape-file {path}: not JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"--model-shape-file {path}: not a JSON object")
+    flag = f"--model-shape-file {path}"
+
+    def number(name: str) -> int | None:
+        """The config's integer ``name`` (None where absent or null; else one line)."""
+        v = cfg.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise UsageError(f"{flag}: {name} must be an integer (got {v!r})")
+        return v
+
     values: dict[str, object] = {}
     for key, names in HF.items():
-        found = next((cfg[n] for n in names if isinstance(cfg.get(n), int)), None)
+        found = next((v for n in names if (v := number(n)) is not None), None)
         if found is not None:
             values[key] = found
     experts = int(values.get("experts") or 0)
-    ffn = cfg.get("moe_intermediate_size") if experts else None
-    ffn = ffn or cfg.get("intermediate_size") or cfg.get("n_inner")
-    if isinstance(ffn, int):
+    ffn = number("moe_intermediate_size") if experts else None
+    ffn = ffn or number("intermediate_size") or number("n_inner")
+    if ffn is not None:
         values["ffn"] = ffn
     if values.get("kv_lora") and isinstance(cfg.get("qk_nope_head_dim"), int):
         values["head_dim"] = cfg["qk_nope_head_dim"]  # latent attention's per-head query/key
@@ -125,17 +139,28 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     act = str(next((cfg[k] for k in act_keys if k in cfg), ""))
     gemma = any("Gemma" in str(a) for a in cfg.get("architectures") or [])
     values["gated"] = act in ("silu", "swiglu", "swish") or (gemma and "gelu" in act)  # GeGLU
-    values["tied"] = bool(cfg.get("tie_word_embeddings", True))  # Hugging Face's default
+    tied = cfg.get("tie_word_embeddings", True)  # Hugging Face's default
+    if not isinstance(tied, bool):
+        raise UsageError(f"{flag}: tie_word_embeddings must be true or false (got {tied!r})")
+    values["tied"] = tied
     values["positions"] = "n_positions" in cfg  # GPT-2's learned table; else rotary
     if not experts:
         for k in ("top_k", "shared_experts", "dense_layers"):
             values.pop(k, None)
-    return _shape(values, seq_len, f"--model-shape-file {path}")
+    return _shape(values, seq_len, flag)
 
 
 def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> TransformerShape:
     if missing := [k for k in REQUIRED if values.get(k) is None]:
         raise UsageError(f"{flag}: {', '.join(missing)} missing (needs layers, d_model, heads)")
+    for key, v in values.items():
+        if key == "capacity_factor" and not 0 < v <= 64:  # type: ignore[operator]
+            raise UsageError(f"{flag}: capacity_factor must be above 0 and at most 64 (got {v})")
+        if key in FLAGS or key in ("gated", "capacity_factor"):
+            continue
+        top = LIMITS.get(key, WIDEST)
+        if not 0 <= int(v) <= top:  # type: ignore[call-overload]
+            raise UsageError(f"{flag}: {key} must be between 0 and {top:,} (got {v})")
     kw = {KEYS.get(k, k): v for k, v in values.items()}
     kw["seq"] = seq_len or values.get("seq") or DEFAULT_SEQ
     kw.setdefault("vocab", DEFAULT_VOCAB)

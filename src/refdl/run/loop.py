@@ -162,14 +162,14 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
             f"--reshard: {spec.resume} holds a state that {spec.strategy} does not (state "
             "beyond the parameters and optimizer, or another model); it cannot be resharded"
         ) from e
-    if processes.launched_rank() == 0:
-        print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
     view = checkpoint.restore(choice, target)
     step = checkpoint.step_of(view)
     if step > spec.steps:
         raise UsageError(
             f"--resume checkpoint is at step {step}, past --steps {spec.steps}; raise --steps"
         )
+    if processes.launched_rank() == 0:  # after the checks: bad input stays one line
+        print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
     return strategy.from_checkpoint(view), step
 
 
