@@ -236,7 +236,15 @@ def _step_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps-mode", default="sync")
     p.add_argument("--ps-groups", type=int, default=1, help="ps hierarchical: learner groups")
     p.add_argument("--sfb", default="off", help="data: sufficient factors (off, auto, all)")
+    p.add_argument("--staleness", type=int, help="ps ssp: the bound (a persistent straggler's "
+                   "steady state does not depend on it)")  # fmt: skip
+    p.add_argument("--softsync-n", type=int, help="ps softsync: update after every W/N gradients")
+    p.add_argument("--straggler", metavar="RANK:SECONDS",
+                   help="ps, decentralized: one worker delayed before each step, as refdl "
+                        "train's (refdl.perf.straggler)")  # fmt: skip
     p.add_argument("--topology", default="ring")
+    p.add_argument("--gossip", action="store_true",
+                   help="decentralized: one random matching of the graph a step")  # fmt: skip
     p.add_argument(
         "--compress",
         help="data: the compressed gradient exchange, topk:RATIO[,q8|q4] (q8/q4 "
@@ -326,6 +334,7 @@ def _step_main(argv: list[str]) -> int:
             raise UsageError(f"--compress prices data's compressed exchange and "
                              f"decentralized's top-k messages; not --strategy "
                              f"{args.strategy}")  # fmt: skip
+        _check_options(args, traits)
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits.axes else 1)
@@ -339,7 +348,11 @@ def _step_main(argv: list[str]) -> int:
             ps_mode=args.ps_mode,
             ps_groups=args.ps_groups,
             sfb=args.sfb,
+            staleness=args.staleness,
+            softsync_n=args.softsync_n,
+            straggler=args.straggler,
             topology=args.topology,
+            gossip=args.gossip,
             compress=args.compress,
             optimizer_words=words[args.optimizer],
             muon=args.muon if args.optimizer == "muon" else None,
@@ -398,11 +411,27 @@ def _step_main(argv: list[str]) -> int:
                 + (f" of {v['time_s'] * 1e3:.3f} on the link" if v["time_s"] > v["exposed_s"]
                    else "")
                 for a, v in r["comm_by_axis"].items()))  # fmt: skip
+    for r in rows:
+        if r["wait_s"] > 0:
+            print(f"{r['workers']:5d} waits {r['wait_s'] * 1e3:.3f} ms a step for the straggler "
+                  f"(--straggler {args.straggler}; refdl.perf.straggler)")  # fmt: skip
     if "note" in rows[0]:
         print(f"note: {rows[0]['note']}")
     if rows[0].get("stack_note"):
         print(rows[0]["stack_note"])
     return 0
+
+
+def _check_options(args: argparse.Namespace, traits: Any) -> None:
+    """A strategy's option given (off its default) with another strategy names those
+    that take it, as ``refdl train`` refuses it, instead of being silently ignored."""
+    from refdl.config.plan import STRATEGY_OPTIONS, check_options
+    from refdl.strategies import declared_traits
+
+    defaults = _step_parser()
+    given = [k for k in STRATEGY_OPTIONS if k != "workers" and k in vars(args)  # a list here
+             and getattr(args, k) != defaults.get_default(k)]  # fmt: skip
+    check_options(given, args.strategy, traits, declared_traits())
 
 
 def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from refdl.config.choices import CONTEXT_ATTENTION, PIPELINE_SCHEDULES, PS_MODES, REMAT
 from refdl.config.codec import Compression
 from refdl.config.mesh import MeshLayout
+from refdl.config.straggler import Straggler
 from refdl.config.values import (
     Choice,
     Flag,
@@ -21,6 +22,7 @@ from refdl.config.values import (
 )
 from refdl.errors import UsageError
 from refdl.perf.ops import op_time
+from refdl.perf.straggler import straggled
 
 # the allreduce algorithms the cost model knows (refdl.perf.collectives), and refdl's names
 ALLREDUCE_MODELS = ("ring", "tree", "recursive-doubling", "rabenseifner", "xla",
@@ -50,11 +52,21 @@ class CostBreakdown:
     # of compute_s, what the matrix products' shapes add beyond their FLOPs' time
     # (transformers on a GPU, ``--compute shape``: refdl.perf.gemm)
     shape_s: float = 0.0
+    # one worker's delay before each step, and how many groups advance independently
+    # around it (refdl.perf.straggler); (0, 1): no straggler
+    straggler: tuple[float, int] = (0.0, 1)
 
     @property
     def step_time_s(self) -> float:
-        """Compute, communication and bubble, assumed not to overlap (an upper bound)."""
-        return self.compute_s + self.comm_s + self.bubble_s
+        """Compute, communication and bubble, assumed not to overlap (an upper bound),
+        and the wait for a straggler."""
+        return self.compute_s + self.comm_s + self.bubble_s + self.wait_s
+
+    @property
+    def wait_s(self) -> float:
+        """What a straggler adds to the step of ``W`` gradients (``refdl.perf.straggler``)."""
+        base = self.compute_s + self.comm_s + self.bubble_s
+        return straggled(base, *self.straggler) - base
 
 
 def roofline_time(flops: float, bytes_accessed: float, hw: Hardware) -> float:
@@ -87,8 +99,13 @@ class PredictOptions:
     servers: int = _opt(1, Int(min=1, max=1 << 16))  # ps
     ps_mode: str = _opt("sync", Choice(PS_MODES))  # ps
     ps_groups: int = _opt(1, Int(min=1, max=1 << 10))  # ps hierarchical: learner groups
+    staleness: int | None = _opt(None, Optional(Int(min=0, max=1 << 20)))  # ps ssp: the bound
+    softsync_n: int | None = _opt(None, Optional(Int(min=1, max=1 << 20)))  # ps softsync
+    # ps, decentralized: one worker delayed this long before each step (refdl.perf.straggler)
+    straggler: Straggler | None = _opt(None, Optional(Parsed(Straggler, "1:0.05")))  # noqa: RUF009
     sfb: str = _opt("off", Choice(("off", "auto", "all")))  # data: sufficient factors
     topology: str = _opt("ring", Text())  # decentralized
+    gossip: bool = _opt(False, Flag())  # decentralized: one random matching of it a step
     # data: the compressed gradient exchange, topk:RATIO[,q8|q4] (q8/q4 with --allreduce
     # sparse), qsgd:LEVELS, terngrad or sign; decentralized: CHOCO-SGD's top-k messages
     compress: Compression | None = _opt(None, Optional(Parsed(Compression, "topk:0.01")))  # noqa: RUF009

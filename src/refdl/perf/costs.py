@@ -25,12 +25,12 @@ from typing import Any
 
 from refdl.comm.compress import SPARSE, make_codec
 from refdl.comm.topology import adjacency
-from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
+from refdl.config.choices import LOOPED, SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
 from refdl.core.layers import sfb_mode
 from refdl.errors import UsageError
 from refdl.parallel.schedule import bubble as bubble_fraction
-from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed, gemm
+from refdl.perf import CostBreakdown, PredictOptions, compute_time, exposed, gemm, straggler
 from refdl.perf.collectives import (
     ALLREDUCE,
     Link,
@@ -332,7 +332,12 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     messages (activation, gradient) of B/M boundary samples per slot. The zero-bubble
     schedules make three calls per microbatch and chunk (F, B, W) instead of two."""
     p, mb = workers, opts.microbatches
+    if opts.chunks != 1 and opts.schedule not in LOOPED:  # as refdl train refuses them
+        raise UsageError(f"--chunks {opts.chunks} needs --schedule interleaved or looped-bfs")
     v = chunks_of(opts.schedule, opts.chunks)
+    if m.layers and p * v > m.layers:
+        raise UsageError(f"{p} stages x {v} chunks = {p * v} need at least as many layers; "
+                         f"{m.name} has {m.layers}: use fewer --workers or --chunks")  # fmt: skip
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
     t = compute_time(m.flops(batch) / p, m.bytes(batch) / p, hw, sharing=p,
@@ -541,6 +546,12 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     if g and (k != 1 or workers % g):
         raise UsageError(f"--ps-mode hierarchical: one server and --workers {workers} in "
                          f"--ps-groups {g} equal groups")  # fmt: skip
+    if opts.staleness is not None and opts.ps_mode != "ssp":
+        raise UsageError("--staleness is the bound of --ps-mode ssp; add --ps-mode ssp")
+    if opts.softsync_n is not None and opts.ps_mode != "softsync":
+        raise UsageError("--softsync-n N is --ps-mode softsync's; add --ps-mode softsync")
+    lag = _straggler(opts, k + g, workers, straggler.groups("parameter_server", opts.ps_mode,
+                                                            opts.softsync_n, workers))  # fmt: skip
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k + g,
                      work=m.op_work(b), **host_work(m, b))  # fmt: skip
@@ -562,7 +573,22 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
         memory_bytes=int(mem),
         flops=m.flops(b),
         comm_bytes=2 * (workers + g) * m.param_bytes if workers > 0 else 0,
+        straggler=lag,
     )
+
+
+def _straggler(opts: PredictOptions, first: int, workers: int, groups: int) -> tuple[float, int]:
+    """``--straggler RANK:SECONDS`` as (seconds, groups) for ``CostBreakdown``; (0, 1)
+    without one. Its rank must not be a server's or an aggregator's (ranks below
+    ``first``, as ``refdl train`` numbers them); which worker it is does not change the
+    steady state, so a list of worker counts prices one straggler at each."""
+    s = opts.straggler
+    if s is None:
+        return (0.0, 1)
+    if s.rank < first:
+        raise UsageError(f"--straggler {s}: rank {s.rank} is not a worker (ranks 0..{first - 1} "
+                         f"are the servers and aggregators; workers start at {first})")  # fmt: skip
+    return (s.seconds, groups)
 
 
 @FORMULAS.register("gossip")
@@ -570,13 +596,20 @@ def decentralized(
     m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions
 ) -> CostBreakdown:
     """Each worker computes B/P, then sends its replica to each graph neighbour through
-    its one link (serialised: ``d (alpha + n beta)``, d the mean degree); with
-    ``--compress topk:..`` CHOCO-SGD's message of top-k pairs instead (its selection's
-    own time is not priced)."""
+    its one link (serialised: ``d (alpha + n beta)``, d the mean degree; ``--gossip``: to
+    its partner in the step's matching, at most one); with ``--compress topk:..``
+    CHOCO-SGD's message of top-k pairs instead (its selection's own time is not priced).
+    A ``--straggler`` holds every step (the step all-reduces the loss)."""
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, b))  # fmt: skip
     degree = float(adjacency(opts.topology, workers).sum(1).mean()) if workers > 1 else 0.0
+    if opts.gossip:
+        if opts.compress:
+            raise UsageError("--allreduce sparse keeps each neighbour's public copy over "
+                             "a fixed graph; --gossip changes the graph every step: drop "
+                             "one")  # fmt: skip
+        degree = min(degree, 1.0)
     link = _link(hw, workers, opts)
     message, copies = m.param_bytes, 0
     if opts.compress:  # CHOCO keeps a public copy and its neighbours' mix: 2 more replicas
@@ -595,4 +628,5 @@ def decentralized(
         memory_bytes=int(mem + b * m.activation_bytes_per_sample),
         flops=m.flops(b),
         comm_bytes=degree * workers * message,
+        straggler=_straggler(opts, 0, workers, 1),
     )

@@ -26,6 +26,7 @@ from refdl.perf.architectures import architecture_factor, expected_view
 from refdl.perf.costs import FORMULAS, formula_of, hybrid_mesh, link_of
 from refdl.perf.model_cost import model_cost
 from refdl.perf.overlap import with_frameworks_overlap
+from refdl.perf.straggler import straggled
 
 
 def scope_note(profile: Any, workers: list[int]) -> str | None:
@@ -98,13 +99,21 @@ def predict_steps(
         "no_overlap": (expected_hw, dataclasses.replace(plain, overlap=0.0)),
         "full_overlap": (expected_hw, dataclasses.replace(plain, overlap=1.0)),
     }
+    if opts.straggler is not None:  # a worker's rank at the largest count, as train's
+        first = opts.servers + (opts.ps_groups if opts.ps_mode == "hierarchical" else 0)
+        first = first if traits.has_servers else 0
+        last = first + max(workers) - 1
+        if opts.straggler.rank > last:
+            raise UsageError(f"--straggler {opts.straggler}: rank {opts.straggler.rank} is not "
+                             f"a worker (workers are ranks {first}..{last})")  # fmt: skip
     rows: list[dict[str, Any]] = []
 
     def cost(h: Any, o: PredictOptions, w: int) -> Any:
         """Worker count ``w``'s step: one device's formula where a strategy on one worker
         is one device; Muon's terms added (``refdl.perf.muon``)."""
         batch = batch_size * w if scaling == "weak" else batch_size
-        if w == 1 and (traits.replicas or bool(traits.axes)) and not traits.pipeline:
+        if (w == 1 and (traits.replicas or bool(traits.axes)) and not traits.pipeline
+                and o.straggler is None):  # fmt: skip
             name, f = "one_device", FORMULAS.get("one_device")
         else:
             name, f = traits.cost or "", formula
@@ -119,8 +128,9 @@ def predict_steps(
 
     # the speed-up is over one worker, priced here when no row asks for one (where one
     # worker cannot run the strategy's layout, over the first row, as before)
-    try:
-        one = batch_size / cost(expected_hw, opts, 1).step_time_s
+    try:  # a straggler's cost shows in the speed-up: one worker is not delayed
+        undelayed = dataclasses.replace(opts, straggler=None)
+        one = batch_size / cost(expected_hw, undelayed, 1).step_time_s
     except UsageError:
         one = None
     for w in workers:
@@ -142,7 +152,7 @@ def predict_steps(
                 "workers": w,
                 "global_batch": batch,
                 "step_time_s": c.step_time_s,
-                **_step_interval(profile, precision, c.step_time_s, m.op_class),
+                **_step_interval(profile, precision, c, m.op_class),
                 "bound_step_time_s": other["bound"],
                 "step_time_no_overlap_s": other["no_overlap"],
                 "step_time_full_overlap_s": other["full_overlap"],
@@ -150,6 +160,7 @@ def predict_steps(
                 "compute_shape_s": c.shape_s,  # of compute_s: the products' shapes
                 "comm_s": c.comm_s,
                 "bubble_s": c.bubble_s,
+                "wait_s": c.wait_s,  # the wait for a --straggler (refdl.perf.straggler)
                 "throughput": throughput,
                 "speedup": speedup,
                 "efficiency": speedup / w,
@@ -183,13 +194,15 @@ def _by_axis(c: Any) -> dict[str, Any]:
         for axis, t, e, n in c.comm_by_axis}}  # fmt: skip
 
 
-def _step_interval(
-    profile: Any, precision: str, t: float, op_class: str
-) -> dict[str, float | None]:
+def _step_interval(profile: Any, precision: str, c: Any, op_class: str) -> dict[str, float | None]:
     """``step_time_low_s`` / ``step_time_high_s``: the stated 80 % interval of a step
     time (``refdl.perf.intervals``: a transformer's own where its fraction was fitted;
-    wider where the device's figure is borrowed)."""
+    wider where the device's figure is borrowed), a straggler's given delay added to
+    each end as to the step (``refdl.perf.straggler``)."""
     dtype = profile.dtype_for(precision) if profile.device is not None else "float32"
     kind, borrowed = intervals.step_kind(profile, dtype, op_class)
-    iv = intervals.time_interval(kind, t, borrowed)
-    return {"step_time_low_s": iv[0] if iv else None, "step_time_high_s": iv[1] if iv else None}
+    iv = intervals.time_interval(kind, c.step_time_s - c.wait_s, borrowed)
+    if not iv:
+        return {"step_time_low_s": None, "step_time_high_s": None}
+    return {"step_time_low_s": straggled(iv[0], *c.straggler),
+            "step_time_high_s": straggled(iv[1], *c.straggler)}  # fmt: skip

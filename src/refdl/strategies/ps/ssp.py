@@ -82,11 +82,17 @@ def release_allowed(clock: int, completed: list[int], steps: int, bound: float) 
 
 
 def simulate_trace(
-    workers: int, start: int, steps: int, bound: float, step_s: list[float]
+    workers: int,
+    start: int,
+    steps: int,
+    bound: float,
+    step_s: list[float],
+    times: list[float] | None = None,
 ) -> list[tuple[int, int, int]]:
     """The arrival order of an async/SSP run under a timing model: ``(worker, clock,
     version read)`` per applied gradient. Worker w's gradient takes ``step_s[w]``;
-    ties go to the lower worker index. Deterministic."""
+    ties go to the lower worker index. Deterministic. ``times``, where given, receives
+    each arrival's time (``refdl.perf.straggler``'s tests read the rate from them)."""
     completed = [start] * workers
     arrive = {w: step_s[w] for w in range(workers)} if start < steps else {}
     read = dict.fromkeys(range(workers), 0)
@@ -96,6 +102,8 @@ def simulate_trace(
         w = min(arrive, key=lambda w: (arrive[w], w))
         now = arrive.pop(w)
         trace.append((w, completed[w], read[w]))
+        if times is not None:
+            times.append(now)
         version += 1
         completed[w] += 1
         if completed[w] < steps:
@@ -154,11 +162,17 @@ def softsync_scale(per_update: int, staleness: int) -> float:
 
 
 def simulate_softsync_trace(
-    workers: int, start: int, steps: int, per_update: int, step_s: list[float]
+    workers: int,
+    start: int,
+    steps: int,
+    per_update: int,
+    step_s: list[float],
+    times: list[float] | None = None,
 ) -> list[tuple[int, int, int]]:
     """n-softsync's arrival order under a timing model: ``(worker, clock, update read)``.
     Every ``per_update`` arrivals make an update; its contributors then read it and
-    compute again (``step_s[w]`` each; ties to the lower index). Deterministic."""
+    compute again (``step_s[w]`` each; ties to the lower index). Deterministic.
+    ``times``, where given, receives each arrival's time."""
     completed = [start] * workers
     arrive = {w: step_s[w] for w in range(workers)} if start < steps else {}
     read = dict.fromkeys(range(workers), 0)
@@ -167,6 +181,8 @@ def simulate_softsync_trace(
         w = min(arrive, key=lambda w: (arrive[w], w))
         now = arrive.pop(w)
         trace.append((w, completed[w], read[w]))
+        if times is not None:
+            times.append(now)
         completed[w] += 1
         chunk.append(w)
         if softsync_closes(chunk, per_update, completed, steps):
