@@ -203,7 +203,7 @@ OTHERS = [
      "a profile's name is letters"),
     ("predict: a shape of 1e11 layers", "refdl.predict",
      ["--hw", "a100-nvlink", "--model-shape", "layers=99999999999,d_model=64,heads=1"],
-     "layers must be between 0 and 10,000"),
+     "layers must be an integer in [0, 10000] (got 99999999999)"),
     ("predict: a config's layers true", "refdl.predict",
      ["--hw", "a100-nvlink", "--model-shape-file", f"{T}/hf_true.json"],
      "num_hidden_layers must be an integer (got True)"),

@@ -13,8 +13,10 @@ from refdl.errors import UsageError
 from refdl.perf import PredictOptions
 from refdl.perf import costs as K
 from refdl.perf.model_cost import ModelCost
+from refdl.perf.prediction import predict_steps
 from refdl.perf.straggler import groups, straggled
 from refdl.predict import main as predict_main
+from refdl.strategies import traits_of
 from refdl.strategies.ps.ssp import simulate_softsync_trace, simulate_trace
 
 P100 = hw.load("p100-nvlink-ib-edr")
@@ -78,8 +80,9 @@ def test_each_formula_adds_the_wait_to_its_step():
     gossip = K.decentralized(m, P100, 64, 8, PredictOptions(gossip=True))
     plain = K.decentralized(m, P100, 64, 8, PredictOptions())
     assert gossip.comm_bytes == pytest.approx(plain.comm_bytes / 2)  # one partner, not two
-    with pytest.raises(UsageError, match="not a worker"):
-        K.ps(m, P100, 64, 8, PredictOptions(servers=2, straggler="1:0.2"))
+    with pytest.raises(UsageError, match=r"not a worker \(workers are ranks 2\.\.9\)"):
+        predict_steps("p100-nvlink-ib-edr", "ps", traits_of("ps"), "resnet50", 64, [8],
+                      opts=PredictOptions(servers=2, straggler="1:0.2"))  # fmt: skip
     with pytest.raises(UsageError, match="go together"):
         K.ps(m, P100, 64, 8, PredictOptions(ps_mode="softsync", straggler="1:0.2"))
     with pytest.raises(UsageError, match="bound of --ps-mode ssp"):
@@ -104,7 +107,7 @@ def test_predict_cli_prices_a_straggler_and_refuses_what_train_refuses(capsys):
         assert r["speedup"] < p["speedup"]  # over one undelayed worker
     for argv, says in (
         (["--strategy", "data", "--straggler", "1:0.5"], "--strategy decentralized, ps"),
-        (["--strategy", "ps", "--straggler", "0:0.5"], "rank 0 is not a worker"),
+        (["--strategy", "ps", "--straggler", "0:0.5"], "rank 0 is not a worker (workers are"),
         (["--strategy", "ps", "--straggler", "5:0.5"], "workers are ranks 1..4"),
         (["--strategy", "ps", "--straggler", "1:x"], "RANK:SECONDS"),
         (["--strategy", "ps", "--ps-mode", "softsync"], "--softsync-n N go together"),

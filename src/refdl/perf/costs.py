@@ -550,8 +550,8 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
         raise UsageError("--staleness is the bound of --ps-mode ssp; add --ps-mode ssp")
     if opts.softsync_n is not None and opts.ps_mode != "softsync":
         raise UsageError("--softsync-n N is --ps-mode softsync's; add --ps-mode softsync")
-    lag = _straggler(opts, k + g, workers, straggler.groups("parameter_server", opts.ps_mode,
-                                                            opts.softsync_n, workers))  # fmt: skip
+    lag = _straggler(opts, straggler.groups("parameter_server", opts.ps_mode, opts.softsync_n,
+                                            workers))  # fmt: skip
     b = batch / workers
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers + k + g,
                      work=m.op_work(b), **host_work(m, b))  # fmt: skip
@@ -577,18 +577,11 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     )
 
 
-def _straggler(opts: PredictOptions, first: int, workers: int, groups: int) -> tuple[float, int]:
+def _straggler(opts: PredictOptions, groups: int) -> tuple[float, int]:
     """``--straggler RANK:SECONDS`` as (seconds, groups) for ``CostBreakdown``; (0, 1)
-    without one. Its rank must not be a server's or an aggregator's (ranks below
-    ``first``, as ``refdl train`` numbers them); which worker it is does not change the
-    steady state, so a list of worker counts prices one straggler at each."""
-    s = opts.straggler
-    if s is None:
-        return (0.0, 1)
-    if s.rank < first:
-        raise UsageError(f"--straggler {s}: rank {s.rank} is not a worker (ranks 0..{first - 1} "
-                         f"are the servers and aggregators; workers start at {first})")  # fmt: skip
-    return (s.seconds, groups)
+    without one. Which worker it is does not change the steady state (its rank is
+    checked once, by ``refdl.perf.prediction``)."""
+    return (0.0, 1) if opts.straggler is None else (opts.straggler.seconds, groups)
 
 
 @FORMULAS.register("gossip")
@@ -628,5 +621,5 @@ def decentralized(
         memory_bytes=int(mem + b * m.activation_bytes_per_sample),
         flops=m.flops(b),
         comm_bytes=degree * workers * message,
-        straggler=_straggler(opts, 0, workers, 1),
+        straggler=_straggler(opts, 1),
     )

@@ -99,11 +99,12 @@ def predict_steps(
         "no_overlap": (expected_hw, dataclasses.replace(plain, overlap=0.0)),
         "full_overlap": (expected_hw, dataclasses.replace(plain, overlap=1.0)),
     }
-    if opts.straggler is not None:  # a worker's rank at the largest count, as train's
+    if opts.straggler is not None:  # a worker's rank, as train numbers them (servers and
+        # aggregators first), at the largest count: a list prices one straggler at each
         first = opts.servers + (opts.ps_groups if opts.ps_mode == "hierarchical" else 0)
         first = first if traits.has_servers else 0
         last = first + max(workers) - 1
-        if opts.straggler.rank > last:
+        if not first <= opts.straggler.rank <= last:
             raise UsageError(f"--straggler {opts.straggler}: rank {opts.straggler.rank} is not "
                              f"a worker (workers are ranks {first}..{last})")  # fmt: skip
     rows: list[dict[str, Any]] = []

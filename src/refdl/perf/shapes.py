@@ -20,6 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from refdl.config.values import Int
 from refdl.errors import UsageError
 from refdl.perf.transformer import TransformerShape
 from refdl.perf.zoo import TRANSFORMERS, register_transformer
@@ -114,8 +115,8 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     def number(name: str) -> int | None:
         """The config's integer ``name`` (None where absent or null; else one line)."""
         v = cfg.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise UsageError(f"{flag}: {name} must be an integer (got {v!r})")
+        if v is not None and (problem := Int(max=None).problem(v)):
+            raise UsageError(f"{flag}: {name} must be {problem}")
         return v
 
     values: dict[str, object] = {}
@@ -158,9 +159,8 @@ def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> Transfo
             raise UsageError(f"{flag}: capacity_factor must be above 0 and at most 64 (got {v})")
         if key in FLAGS or key in ("gated", "capacity_factor"):
             continue
-        top = LIMITS.get(key, WIDEST)
-        if not 0 <= int(v) <= top:  # type: ignore[call-overload]
-            raise UsageError(f"{flag}: {key} must be between 0 and {top:,} (got {v})")
+        if problem := Int(min=0, max=LIMITS.get(key, WIDEST)).problem(v):
+            raise UsageError(f"{flag}: {key} must be {problem}")
     kw = {KEYS.get(k, k): v for k, v in values.items()}
     kw["seq"] = seq_len or values.get("seq") or DEFAULT_SEQ
     kw.setdefault("vocab", DEFAULT_VOCAB)
