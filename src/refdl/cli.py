@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import sys
 from typing import Any, NoReturn
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (``NAME: error: ... (see --help)``)
-    and exit status 2, never argparse's usage block (under mpirun every rank prints it)."""
+    and exit status 2, never argparse's usage block; under mpirun, once (not once per rank)."""
 
     def __init__(self, *args: Any, name: str = "refdl", **kwargs: Any) -> None:
         self.name = name
@@ -19,8 +18,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.name}: error: {message}{self._did_you_mean(message)} (see --help)",
-              file=sys.stderr)  # fmt: skip
+        from refdl.parallel.processes import say_once  # (light: no JAX)
+
+        say_once(f"{self.name}: error: {message}{self._did_you_mean(message)} (see --help)")
         raise SystemExit(2)
 
     def _did_you_mean(self, message: str) -> str:

@@ -57,3 +57,42 @@ def test_dashes_that_are_not_a_rule_pass_through():
     table = b"| a | b |\n|---|---|\n" + b"-" * 20 + b"\n"  # short rules: a rank's own table
     out, _, held = shown([table], needed=False)
     assert out == table and held == []
+
+
+# PRRTE's banner (on mpirun's standard output) and ssh's line (on its standard error) for
+# `refdl launch --hosts bogus:2 ...`, as Open MPI 5 printed them here on 2026-11-28.
+NO_DAEMON = (b"-" * 60 + b"\nA daemon failed to report back after being spawned. This could\n"
+             b"be due to several factors, including inability to find the\n"
+             b"daemon executable, or the executable was unable to find its\n"
+             b"required supporting libraries. In some cases, the daemon was\n"
+             b"able to execute, but was unable to complete a TCP connection\n"
+             b"back to prterun:\n\n  Local host:    vm\n  Remote host:   bogus\n"
+             b"  Daemon exit status: 255\n\nThis may also be caused by a firewall on the "
+             b"remote host. Please\ncheck that any firewall (e.g., iptables) has been "
+             b"disabled and\ntry again.\n" + b"-" * 60 + b"\n")  # fmt: skip
+SSH = b"ssh: Could not resolve hostname bogus: Name or service not known\n"
+
+
+def test_a_host_not_reached_is_one_line_naming_it_with_ssh_words():
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    r2, w2 = os.pipe()  # mpirun's standard output, where PRRTE prints this banner
+    with os.fdopen(r, "rb") as stream, os.fdopen(r2, "rb") as stdout:
+        banners = Banners(stream, out=out_w, more=((stdout, out_w),))
+        os.write(w, SSH)
+        os.write(w2, NO_DAEMON)
+        os.close(w)
+        os.close(w2)
+        banners.finish(needed=True)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        lines = f.read().decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("refdl.launch: error: mpirun could not start its daemon on bogus")
+    assert "(ssh: Could not resolve hostname bogus" in lines[0]
+    assert banners.unresolved  # the launcher exits 2: a name that does not resolve
+
+
+def test_ssh_lines_without_a_lost_daemon_still_show():
+    out, _, held = shown([b"ssh: connect to host x port 22: Connection refused\n"], needed=True)
+    assert out == b"ssh: connect to host x port 22: Connection refused\n" and held == []

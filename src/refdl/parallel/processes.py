@@ -200,17 +200,36 @@ def data_comm() -> Any:
     return comm().Dup()
 
 
-def settle_before_exit(timeout_s: float = 5.0) -> None:
-    """Under mpirun, wait (at most ``timeout_s``) until every rank has reached this point
-    before exiting with an error: the launcher kills the other ranks as soon as one exits
-    non-zero, which could cut a rank off before it printed its own line. A rank whose
-    error the others do not share waits out the timeout, then exits."""
+def say_once(line: str, status: int = 2, timeout_s: float = 5.0) -> None:
+    """Print an error ``line`` on stderr; under mpirun, then end this rank with ``status``
+    (outside mpirun it returns, and the caller exits). Ranks that all fail here (the same
+    flags give the same mistake) meet (at most ``timeout_s``) and rank 0 prints each
+    distinct line once, naming the ranks where they differ; a rank whose error the others
+    do not share prints its own. Every rank has printed before any exits (the launcher
+    kills the others as soon as one exits non-zero), and none waits in MPI's finalize for
+    ranks still at work: mpirun ends them."""
     try:
         if not under_mpi():
+            print(line, file=sys.stderr, flush=True)
             return
     except UsageError:  # a launcher's environment that is itself the error
+        print(line, file=sys.stderr, flush=True)
         return
-    _meet(timeout_s)
+    if not _meet(timeout_s):  # not every rank failed here: each says its own
+        print(line, file=sys.stderr, flush=True)
+    else:
+        lines = comm().gather(line, root=0)
+        if lines is not None:  # rank 0
+            ranks: dict[str, list[int]] = {}
+            for rank, said in enumerate(lines):
+                ranks.setdefault(said, []).append(rank)
+            for said, where in ranks.items():
+                tag = "" if len(ranks) == 1 else f" (rank{'s' * (len(where) > 1)} "
+                tag += f"{','.join(map(str, where))})" if tag else ""
+                print(said + tag, file=sys.stderr, flush=True)
+        _meet(timeout_s)  # rank 0 has printed before any rank exits
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _meet(timeout_s: float) -> bool:
@@ -569,10 +588,12 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         old = {s: signal.signal(s, stop.handle) for s in stop.RELAY}  # before mpirun starts
         # its own process group: a Ctrl-C at the terminal reaches only this process, which
         # relays it (mpirun's own answer to SIGINT kills the ranks within half a second)
+        sys.stdout.flush()  # (what this process printed goes before the ranks' lines)
         proc = stop.proc = subprocess.Popen(cmd, env=env, process_group=0,
-                                            stdin=subprocess.DEVNULL,
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE)  # fmt: skip
-        banners = Banners(proc.stderr)  # mpirun's, shown only where nothing else says why
+        # mpirun's banners (on either stream), shown only where nothing else says why
+        banners = Banners(proc.stderr, more=((proc.stdout, sys.stdout.fileno()),))
         if stop.signum is not None:  # a signal while mpirun was starting
             stop.relay(stop.signum)
         status, noticed = None, None
@@ -606,6 +627,8 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         stopped = stop.report(scratch, status, before=lambda: banners.finish(needed=False))
         if stopped is None:
             banners.finish(needed=status != 0)
+            if banners.unresolved:  # a host's name that does not resolve: bad input
+                return 2
         return status if stopped is None else stopped
     finally:
         for s, h in old.items():
