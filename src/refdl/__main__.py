@@ -38,9 +38,13 @@ def usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run ``refdl COMMAND ARGS``: the command's own CLI with ``ARGS``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # bad input: one line on stderr, as every command's
+        print(f"refdl: error: no command given; choose one of: {', '.join(COMMANDS)} "
+              "(see refdl --help)", file=sys.stderr)  # fmt: skip
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(usage())
-        return 0 if argv else 2
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"refdl: error: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}",

@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="the top configurations' terms")
     p.add_argument("--run", action="store_true",
                    help="train the best configuration refdl train can run")  # fmt: skip
-    p.add_argument("--steps", type=int, default=100, help="with --run: training steps")
+    p.add_argument("--steps", type=int, help="with --run: training steps (default 100)")
     p.add_argument("--out", help="with --run: the run folder")
     return p
 
@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             stacks.get(args.library)  # one line for an unknown library or stack
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+        for key in ("steps", "out"):  # what only a run uses
+            if getattr(args, key) is not None and not args.run:
+                raise UsageError(f"--{key} is an option of --run (training the best "
+                                 "configuration); add --run, or drop it")  # fmt: skip
+        args.steps = 100 if args.steps is None else args.steps
         if problem := Int(min=1, max=1 << 30).problem(args.steps):
             raise UsageError(f"--steps must be {problem}")
         if args.lossy and (args.model_shape or args.model_shape_file):  # (named: planning's)

@@ -328,7 +328,8 @@ def _step_main(argv: list[str]) -> int:
             print(f"{PROG}: {describe(shape)}", file=sys.stderr)
         if args.strategy is None:  # a mesh of several axes is hybrid's
             args.strategy = "hybrid" if args.mesh else "data"
-        workers = _ints(args.workers or _mesh_size(args.mesh) or "1,2,4,8")
+        workers = _ints(args.workers if args.workers is not None else
+                        _mesh_size(args.mesh) or "1,2,4,8")  # fmt: skip
         traits = traits_of(args.strategy)
         if args.compress and "compress" not in traits.options:
             raise UsageError(f"--compress prices data's compressed exchange and "
@@ -449,7 +450,7 @@ def _mesh_size(mesh: str | None) -> str | None:
 
 def _ints(text: str) -> list[int]:
     try:
-        out = [int(w) for w in str(text).split(",") if w.strip()]
+        out = [int(w) for w in str(text).split(",")]  # "1,,2" and "1,2," are mistakes too
     except ValueError:
         raise UsageError(f"--workers {text!r}: give integers like 4 or 1,2,4") from None
     if not out:

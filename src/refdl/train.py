@@ -70,6 +70,22 @@ def check_flags(argv: list[str]) -> RunSpec | None:
     return RunSpec.from_dict(settings, "the flags")
 
 
+def _check_one_process(spec: RunSpec) -> None:
+    """``--timeout`` bounds a rank's wait for the others: in one process it would change
+    nothing (``refdl launch`` checks the flags outside mpirun, so not in ``check_flags``)."""
+    import dataclasses
+
+    from refdl.parallel.processes import under_mpi
+
+    default = {f.name: f.default for f in dataclasses.fields(spec)}["timeout"]
+    if spec.timeout != default and not under_mpi():
+        raise UsageError(
+            f"--timeout {spec.timeout:g} bounds how long a rank waits for the others under "
+            "mpirun, and this run is one process: drop it, or start the ranks with "
+            "refdl launch -n N"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, train, print where the results are; returns the exit status."""
     STOPPER.install(exit_as=PROG)  # SIGINT/SIGTERM from here on: one line, 130/143
@@ -89,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
         STRATEGIES.get(spec.strategy)  # an unknown name is refused before the loop loads
         MODELS.get(spec.model)
+        _check_one_process(spec)
         # the training loop (and the event writer's tensorboardX, which loads torch) only
         # once the flags passed their own checks: a typo costs no second of imports more
         from refdl.parallel.processes import keep_freed_memory
@@ -97,10 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         keep_freed_memory()  # a step's large temporaries reused, not faulted in every step
         summary = fit(spec)
     except UsageError as e:
-        from refdl.parallel.processes import settle_before_exit
+        from refdl.parallel.processes import say_once
 
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        settle_before_exit()  # every rank prints its line before the launcher ends
+        say_once(f"{PROG}: error: {e}")  # under mpirun: once, not once per rank
         return 2
     except (DivergedError, WriteError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)

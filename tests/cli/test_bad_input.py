@@ -309,8 +309,43 @@ THIRD_LOOK = [
     ("launch: no command", "refdl.launch", [], "the following arguments are required: command"),
 ]
 
+# Settings that would change nothing where they were given (a fuzzing pass, 2026-11-27):
+# refused, as a strategy's option given to another strategy is.
+UNUSED = [
+    ("refdl: no command", "refdl", [], "refdl: error: no command given; choose one of: train"),
+    ("data-dir for a built-in data set", "refdl.train", ["--data-dir", T],
+     "data set 'digits' (8x8 handwritten digits) reads no folder; drop --data-dir"),
+    ("decay period without the step schedule", "refdl.train", ["--lr-decay-every", "5"],
+     "--lr-decay-every sets the step schedule's decay; add --lr-schedule step"),
+    ("a shrinking batch schedule", "refdl.train", ["--batch-schedule", "0:64,10:32"],
+     "each batch must be larger than the one before"),
+    ("a model option twice", "refdl.train", ["--model", "mlp", "--model-opt", "hidden=32",
+                                             "--model-opt", "hidden=64"],
+     "--model-opt gives hidden twice (32, 64); give it once"),
+    ("a config's model options as a string", "refdl.train", ["--config", f"{T}/optstr.toml"],
+     'optstr.toml: model_opts must be a table ([model_opts] then KEY = VALUE lines) '
+     'or a list of "KEY=VALUE" strings'),
+    ("stage boundaries and a plot without stages", "refdl.train",
+     ["--strategy", "hybrid", "--devices", "2", "--mesh", "data=2", "--stage-boundaries", "2",
+      "--plot-schedule", f"{T}/s.png"],
+     "2 problems: --stage-boundaries 2 needs pipeline stages (pipe > 1); --plot-schedule"),
+    ("timeout in one process", "refdl.train", ["--timeout", "60"],
+     "--timeout 60 bounds how long a rank waits for the others under mpirun"),
+    ("plan: steps without run", "refdl.plan", ["--hw", "local", "--model", "mlp", "--devices",
+                                               "2", "--batch-size", "64", "--steps", "5"],
+     "--steps is an option of --run"),
+    ("validate: set without results", "refdl.validate", ["--set", "bogus=1"],
+     "--set is an option of --results LOG"),
+    ("predict: an empty worker count", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "resnet50", "--workers", "1,,2"],
+     "--workers '1,,2': give integers like 4 or 1,2,4"),
+    ("data: convert into a run folder", "refdl.data",
+     ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
+     "holds other files (checkpoints); give a new or empty folder"),
+]
+
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
-CASES += THIRD_LOOK
+CASES += THIRD_LOOK + UNUSED
 
 
 class Evil:
@@ -368,6 +403,7 @@ def make_inputs(tmp: Path) -> None:
     (tmp / "log.jsonl").write_text('{"config": {"model": "mlp"}}\n{"step": "abc", "loss": 1}\n')
     (tmp / "good.jsonl").write_text('{"config": {"model": "mlp", "steps": 2}}\n'
                                     '{"step": 0, "loss": 2.3}\n{"step": 1, "loss": 2.2}\n')  # fmt: skip
+    (tmp / "optstr.toml").write_text('model = "mlp"\nmodel_opts = "hidden=32"\n')
     make_foreign_inputs(tmp, good)
     make_third_look_inputs(tmp)
     head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'

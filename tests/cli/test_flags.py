@@ -64,3 +64,15 @@ def test_bad_settings_files_are_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
         assert not folder.exists()
+
+
+def test_a_files_options_as_a_table_a_list_of_strings_or_of_pairs_are_the_same(tmp_path):
+    from refdl.config.flags import file_settings
+
+    forms = ("[model_opts]\nhidden = 16\nact = 'tanh'\n",
+             "model_opts = ['hidden=16', 'act=tanh']\n",
+             "model_opts = [['hidden', 16], ['act', 'tanh']]\n")  # fmt: skip
+    for i, form in enumerate(forms):
+        path = tmp_path / f"f{i}.toml"
+        path.write_text('model = "mlp"\n' + form)
+        assert file_settings(str(path))["model_opts"] == (("hidden", "16"), ("act", "tanh"))

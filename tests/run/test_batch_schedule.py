@@ -25,7 +25,9 @@ def test_the_schedule_reads_and_counts_the_stream():
     assert [s.size_at(t) for t in (0, 99, 100, 199, 200, 10**6)] == [64, 64, 128, 128, 256, 256]
     assert [s.start_at(t) for t in (0, 100, 150, 200, 300)] == [0, 6400, 12800, 19200, 44800]
     bad_ones = (("64,128", "STEP:BATCH"), ("10:64", "start at step 0"),
-                ("0:64,50:32,40:16", "must increase"), ("0:0", "batches must be"))  # fmt: skip
+                ("0:64,50:32,40:16", "must increase"), ("0:0", "batches must be"),
+                ("0:64,50:32", "larger than the one before"),
+                ("0:64,50:64", "larger than the one before"))  # fmt: skip
     for bad, says in bad_ones:
         with pytest.raises(UsageError, match=says):
             BatchSchedule.parse(bad)
@@ -38,10 +40,10 @@ def test_the_batches_of_a_schedule_tile_the_stream():
     from refdl.run.build import global_batch
 
     ds = load_dataset("digits")
-    spec = RunSpec(batch_schedule="0:16,3:48,5:8", batch_size=16)
+    spec = RunSpec(batch_schedule="0:16,3:48,5:56", batch_size=16)
     got = [global_batch(ds, spec, t)["y"] for t in range(8)]
-    assert [len(g) for g in got] == [16, 16, 16, 48, 48, 8, 8, 8]
-    want = ds.train_batch(stream_indices(spec.seed, 0, 168, ds.info.train_size))["y"]
+    assert [len(g) for g in got] == [16, 16, 16, 48, 48, 56, 56, 56]
+    want = ds.train_batch(stream_indices(spec.seed, 0, 312, ds.info.train_size))["y"]
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 

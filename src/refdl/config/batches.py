@@ -19,7 +19,8 @@ MAX_ENTRIES = 64
 
 @dataclasses.dataclass(frozen=True)
 class BatchSchedule:
-    """``(first step, global batch)`` pairs, the first at step 0, steps increasing."""
+    """``(first step, global batch)`` pairs, the first at step 0, steps and batches
+    increasing."""
 
     entries: tuple[tuple[int, int], ...]
     given: str = dataclasses.field(default="", compare=False, repr=False)  # the flag's text
@@ -45,6 +46,11 @@ class BatchSchedule:
             raise UsageError(f"--batch-schedule {text!r}: the steps must increase")
         if any(not 1 <= b <= 10**7 for _, b in entries):
             raise UsageError(f"--batch-schedule {text!r}: batches must be in [1, 10000000]")
+        batches = [b for _, b in entries]
+        if any(b <= a for a, b in itertools.pairwise(batches)):  # what the schedule is for
+            raise UsageError(f"--batch-schedule {text!r}: each batch must be larger than the "
+                             "one before (the schedule grows the batch instead of decaying "
+                             "the learning rate)")  # fmt: skip
         return cls(tuple(entries), str(text))
 
     @property

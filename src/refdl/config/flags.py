@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from refdl.config.files import load_json, load_toml
-from refdl.config.spec import OUTPUT_KEYS, RunSpec, flag
+from refdl.config.spec import OUTPUT_KEYS, RunSpec, flag, parse_pairs
 from refdl.config.values import Choice, Flag, Float, Int, Optional, Pairs
 from refdl.errors import UsageError
 
@@ -64,6 +64,21 @@ def add_run_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | N
         group.add_argument(flag_of(f), **kw)
 
 
+def _pairs(value: Any, where: str) -> list[list[str]]:
+    """A file's options (``model_opts``) as ``[key, value]`` pairs: a table
+    (``[model_opts]`` then ``hidden = 128``), a list of ``"KEY=VALUE"`` strings as the
+    flags give them, or a list of ``[key, value]`` pairs (a run's ``config.json``)."""
+    if isinstance(value, dict):
+        return [[str(k), str(v)] for k, v in value.items()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [list(p) for p in parse_pairs(value, where)]
+    pair = (list, tuple)
+    if isinstance(value, list) and all(isinstance(v, pair) and len(v) == 2 for v in value):
+        return [[str(k), str(v)] for k, v in value]
+    raise UsageError(f"{where} must be a table ([{where.rsplit(' ', 1)[-1]}] then KEY = VALUE "
+                     f'lines) or a list of "KEY=VALUE" strings (got {value!r})')  # fmt: skip
+
+
 def file_settings(path: str) -> dict[str, Any]:
     """The settings of ``--config FILE``: a TOML table of RunSpec fields, or a run
     folder's ``config.json``. Unknown keys are refused; values equal to a field's default
@@ -89,8 +104,8 @@ def file_settings(path: str) -> dict[str, Any]:
                 f"--config {path}: {key!r} says where a run writes, which only the command "
                 f"line says; give {flag(key)} instead"
             )
-        if isinstance(value, dict) and isinstance(inner(fields[key].metadata["value"]), Pairs):
-            value = [[str(k), str(v)] for k, v in value.items()]  # a TOML table of options
+        if isinstance(inner(fields[key].metadata["value"]), Pairs):
+            value = _pairs(value, f"--config {path}: {key}")
         if value != fields[key].default and value is not None:
             out[key] = value
     return RunSpec.settings(out, f"--config {path}")

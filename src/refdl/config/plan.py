@@ -28,7 +28,7 @@ from refdl.config.choices import LOOPED, SPARSE_ALLREDUCE, chunks_of
 from refdl.config.mesh import AXES, MeshSpec
 from refdl.config.rules import PRESET_RULES, MeshAxes, degree
 from refdl.config.spec import RunSpec, flag
-from refdl.errors import UsageError, together
+from refdl.errors import UsageError, problems, together
 
 DEFAULT_SIMULATED_WORKERS = 4
 # RunSpec fields that only some strategies accept (each declares which in its Traits).
@@ -256,10 +256,14 @@ def _mesh_plan(
             )
         cuts = pipeline_cuts(spec, model, mesh.pipe)
         chunks = chunks_of(spec.schedule, spec.chunks)
-    elif spec.chunks != 1:
-        raise UsageError(f"--chunks {spec.chunks} needs pipeline stages (pipe > 1)")
-    elif spec.schedule != "1f1b":
-        raise UsageError(f"--schedule {spec.schedule} needs pipeline stages (pipe > 1)")
+    else:  # a pipeline's options without stages would change nothing
+        unused = [f"--chunks {spec.chunks}"] * (spec.chunks != 1)
+        unused += [f"--schedule {spec.schedule}"] * (spec.schedule != "1f1b")
+        if spec.stage_boundaries is not None:
+            unused.append(f"--stage-boundaries {','.join(map(str, spec.stage_boundaries))}")
+        unused += [f"--plot-schedule {spec.plot_schedule}"] * bool(spec.plot_schedule)
+        if unused:
+            raise problems([f"{u} needs pipeline stages (pipe > 1)" for u in unused])
     return Plan(mesh, m, rules, batch_axes, "spmd", chunks=chunks, cuts=cuts)
 
 

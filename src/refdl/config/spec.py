@@ -354,7 +354,8 @@ class RunSpec:
         together; return self. Needs neither data nor devices (the constructor calls it)."""
         found = [(f, f.metadata["value"].problem(getattr(self, f.name)))
                     for f in dataclasses.fields(self)]  # fmt: skip
-        bad = [f"{flag(f.name)} must be {problem}" for f, problem in found if problem]
+        bad = [f"{f.metadata.get('flag') or flag(f.name)} must be {problem}"
+               for f, problem in found if problem]  # fmt: skip
         if bad:  # every field's mistake at once
             raise problems(bad)
         if self.warmup_steps > self.steps:
@@ -364,6 +365,12 @@ class RunSpec:
             )
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
+        fields = dataclasses.fields(self)
+        decay = [f.name for f in fields if f.name.startswith("lr_decay_")
+                 and getattr(self, f.name) != f.default]  # fmt: skip
+        if decay and self.lr_schedule != "step":  # they would change nothing
+            raise UsageError(f"{flag(decay[0])} sets the step schedule's decay; add "
+                             "--lr-schedule step, or drop it")  # fmt: skip
         if self.muon != "gather" and self.optimizer != "muon":
             raise UsageError(f"--muon {self.muon} is a scheme of --optimizer muon; add it")
         if self.ps_mode == "ssp" and self.staleness is None:
@@ -463,6 +470,10 @@ def parse_pairs(items: list[str] | None, flag_name: str) -> tuple[tuple[str, str
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"{flag_name} takes KEY=VALUE (got {item!r})")
+        given = dict(out)
+        if key.strip() in given:  # one would silently win
+            raise UsageError(f"{flag_name} gives {key.strip()} twice ({given[key.strip()]}, "
+                             f"{value.strip()}); give it once")  # fmt: skip
         out.append((key.strip(), value.strip()))
     return tuple(out)
 

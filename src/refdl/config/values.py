@@ -126,7 +126,7 @@ class Ints:
 
     def parse(self, raw: str) -> tuple[int, ...]:
         try:
-            v = tuple(int(x) for x in str(raw).replace("x", ",").split(",") if x.strip())
+            v = tuple(int(x) for x in str(raw).replace("x", ",").split(","))  # "1,,2": no
         except ValueError:
             v = None
         if msg := self.problem(v):

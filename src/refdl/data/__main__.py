@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from refdl.cli import Parser
 from refdl.config.paths import writable_folder
@@ -15,6 +16,20 @@ from refdl.config.values import Int
 from refdl.data import load_dataset
 from refdl.data.store import write_zarr
 from refdl.errors import UsageError
+
+STORE_ENTRIES = {"info.json", "train_x", "train_y", "test_x", "test_y"}
+
+
+def check_not_another_folder(out: Path) -> None:
+    """``--out`` is new, empty, or a store this command wrote (replaced): never a folder
+    holding other files, such as a run's, which the store's arrays would be mixed into."""
+    if not out.is_dir():
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in STORE_ENTRIES)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise UsageError(f"--out {out} holds other files ({shown}); give a new or empty "
+                         "folder, or a store this command wrote (it is replaced)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem := Int(min=1, max=1 << 20).problem(args.chunk):
             raise UsageError(f"--chunk must be {problem}")
         writable_folder(args.out, "--out")
+        check_not_another_folder(Path(args.out))
         ds = load_dataset(args.dataset, args.data_dir)
     except UsageError as e:
         print(f"refdl.data: error: {e}", file=sys.stderr)

@@ -103,6 +103,12 @@ class DatasetDef:
             raise UsageError(
                 f"data set {self.name!r} reads files: pass --data-dir DIR ({self.doc})"
             )
+        if data_dir and not self.needs_dir:  # a folder it would not read: the user's mistake
+            readers = ", ".join(n for n in DATASETS.names() if DATASETS.get(n).needs_dir)
+            raise UsageError(
+                f"data set {self.name!r} ({self.doc}) reads no folder; drop --data-dir, or "
+                f"choose a data set that reads one: {readers}"
+            )
         opts = parse_options(self.options, overrides or {}, f"data set {self.name!r}", "--data-opt")
         if self.needs_dir:
             return self.load(data_dir, **opts)

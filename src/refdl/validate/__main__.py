@@ -223,6 +223,13 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{key.replace('_', '-')} is empty; give a path or drop it")
     if args.control is not None and not all(str(c).strip() for c in args.control):
         raise UsageError("--control is empty; give a log or drop it")
+    if not args.results:  # the options of a log's check would change nothing
+        defaults = {"seeds": 10, "hw": "local"}
+        for key in ("report", "config", "set", "scalars", "seed_cache", "seeds", "hw"):
+            if getattr(args, key) != defaults.get(key):
+                raise UsageError(f"--{key.replace('_', '-')} is an option of --results "
+                                 "LOG (checking a framework's log); add --results, or drop "
+                                 "it")  # fmt: skip
     if args.report:
         writable_folder(args.report, "--report")
     if args.export_start:
