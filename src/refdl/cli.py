@@ -5,22 +5,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (``NAME: error: ... (see --help)``)
-    and exit status 2, never argparse's usage block; under mpirun, once (not once per rank)."""
+    and exit status 2, never argparse's usage block."""
 
-    def __init__(self, *args: Any, name: str = "refdl", **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, name: str = "refdl", say: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         self.name = name
+        # how the error line is printed: on stderr, or (refdl train) once under mpirun,
+        # not once per rank (``refdl.parallel.processes.say_once``, a layer above this one)
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         kwargs.setdefault("prog", name.replace("refdl.", "refdl ", 1))  # as the README writes it
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        from refdl.parallel.processes import say_once  # (light: no JAX)
-
-        say_once(f"{self.name}: error: {message}{self._did_you_mean(message)} (see --help)")
+        self.say(f"{self.name}: error: {message}{self._did_you_mean(message)} (see --help)")
         raise SystemExit(2)
 
     def _did_you_mean(self, message: str) -> str:

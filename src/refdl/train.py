@@ -46,8 +46,9 @@ SHOWN = ("final_train_loss", "test_accuracy", "test_perplexity", "samples_per_se
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: ``--list``, ``--config`` and one flag per RunSpec field."""
     from refdl.config.flags import add_run_arguments
+    from refdl.parallel.processes import say_once  # (no JAX: a typo still answers at once)
 
-    p = Parser(name=PROG, description=__doc__, argument_default=argparse.SUPPRESS,
+    p = Parser(name=PROG, description=__doc__, argument_default=argparse.SUPPRESS, say=say_once,
                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--list", action="store_true", help="list strategies, models and data sets")
     p.add_argument("--config", metavar="FILE", help="settings from a TOML file or a run's "
@@ -70,18 +71,16 @@ def check_flags(argv: list[str]) -> RunSpec | None:
     return RunSpec.from_dict(settings, "the flags")
 
 
-def _check_one_process(spec: RunSpec) -> None:
-    """``--timeout`` bounds a rank's wait for the others: in one process it would change
-    nothing (``refdl launch`` checks the flags outside mpirun, so not in ``check_flags``)."""
-    import dataclasses
-
+def _check_one_process(given: dict) -> None:
+    """``--timeout`` given on this command line bounds a rank's wait for the others: in one
+    process it would change nothing (a resumed run's or a ``--config`` record's is kept
+    quietly; ``refdl launch`` checks the flags outside mpirun, so not in ``check_flags``)."""
     from refdl.parallel.processes import under_mpi
 
-    default = {f.name: f.default for f in dataclasses.fields(spec)}["timeout"]
-    if spec.timeout != default and not under_mpi():
+    if given.get("timeout") is not None and not under_mpi():
         raise UsageError(
-            f"--timeout {spec.timeout:g} bounds how long a rank waits for the others under "
-            "mpirun, and this run is one process: drop it, or start the ranks with "
+            f"--timeout {given['timeout']:g} bounds how long a rank waits for the others "
+            "under mpirun, and this run is one process: drop it, or start the ranks with "
             "refdl launch -n N"
         )
 
@@ -98,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
             from refdl.run.catalog import print_list
 
             return print_list() or 0
-        settings = run_settings(given_settings(args), getattr(args, "config", None), PROG)
+        given = given_settings(args)
+        settings = run_settings(given, getattr(args, "config", None), PROG)
         spec = RunSpec.from_dict(settings, "the flags")
         from refdl.models import MODELS
         from refdl.strategies import STRATEGIES
 
         STRATEGIES.get(spec.strategy)  # an unknown name is refused before the loop loads
         MODELS.get(spec.model)
-        _check_one_process(spec)
+        _check_one_process(given)
         # the training loop (and the event writer's tensorboardX, which loads torch) only
         # once the flags passed their own checks: a typo costs no second of imports more
         from refdl.parallel.processes import keep_freed_memory
