@@ -72,16 +72,17 @@ def check_flags(argv: list[str]) -> RunSpec | None:
 
 
 def _check_one_process(given: dict) -> None:
-    """``--timeout`` given on this command line bounds a rank's wait for the others: in one
-    process it would change nothing (a resumed run's or a ``--config`` record's is kept
-    quietly; ``refdl launch`` checks the flags outside mpirun, so not in ``check_flags``)."""
-    from refdl.parallel.processes import under_mpi
+    """``--timeout`` given on this command line bounds a rank's wait for the others: in a
+    process no launcher started it would change nothing (a resumed run's or a ``--config``
+    record's is kept quietly; ``refdl launch`` checks the flags outside mpirun, so not in
+    ``check_flags``)."""
+    from refdl.parallel.processes import launched
 
-    if given.get("timeout") is not None and not under_mpi():
+    if given.get("timeout") is not None and not launched():
         raise UsageError(
             f"--timeout {given['timeout']:g} bounds how long a rank waits for the others "
-            "under mpirun, and this run is one process: drop it, or start the ranks with "
-            "refdl launch -n N"
+            "under mpirun, and this run was not started by a launcher: drop it, or start "
+            "the ranks with refdl launch -n N"
         )
 
 

@@ -96,3 +96,9 @@ def test_a_host_not_reached_is_one_line_naming_it_with_ssh_words():
 def test_ssh_lines_without_a_lost_daemon_still_show():
     out, _, held = shown([b"ssh: connect to host x port 22: Connection refused\n"], needed=True)
     assert out == b"ssh: connect to host x port 22: Connection refused\n" and held == []
+
+
+def test_an_ssh_warning_before_the_ranks_speak_keeps_its_place():
+    warning = b"ssh: Warning: Permanently added 'h2' to the list of known hosts.\n"
+    out, _, _ = shown([warning, b"step 1 ...\n"], needed=False)
+    assert out == warning + b"step 1 ...\n"

@@ -18,7 +18,7 @@ import time
 from refdl.parallel.processes import comm, launched_rank, say_once
 rank, kind = launched_rank(), sys.argv[1]
 comm()  # MPI started on every rank (its start waits for all), as a run's ranks have it
-if kind == "alone" and rank != 2:
+if (kind == "alone" and rank != 2) or (kind == "zero" and rank != 0):
     import time; time.sleep(30)  # never meets: the others are still at work
 line = {"same": "x: error: bad", "differ": f"x: error: bad {rank % 2}"}.get(kind, "x: error: 2")
 say_once(line, 2, timeout_s=2.0)
@@ -52,3 +52,8 @@ def test_a_rank_failing_alone_still_says_its_line():
 def test_without_mpirun_the_line_is_printed(capsys):
     processes.say_once("x: error: once")
     assert capsys.readouterr().err == "x: error: once\n"
+
+
+@pytest.mark.mpi
+def test_rank_0_failing_alone_says_its_line_naming_itself():
+    assert _run("zero") == ["x: error: 2 (rank 0)"]

@@ -41,6 +41,7 @@ class Banners:
         self.said = False  # a rank printed a refdl error line
         self.ssh: list[bytes] = []  # ssh's lines, folded into the line of a host not reached
         self.unresolved = False  # a host's name did not resolve: the user's bad input
+        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._pump, args=pipe, daemon=True, name="refdl-banners")
             for pipe in ((stream, out), *more)
@@ -67,8 +68,10 @@ class Banners:
                 elif block is not None:
                     block.append(line)
                 elif line.startswith(SSH):
-                    self.ssh.append(line.strip())
+                    with self._lock:  # (two streams, two threads)
+                        self.ssh.append(line.strip())
                 else:
+                    self._release_ssh()  # the ranks run: ssh's lines were warnings, in order
                     self.said = self.said or SAID in line
                     self._write(line, out)
             # a line still being written (a progress bar's \r updates) passes at once,
@@ -90,12 +93,18 @@ class Banners:
         lost = self.host_not_reached() if needed and not self.said else None
         if lost is not None:  # one line for the banner and ssh's words
             self._write(lost.encode() + b"\n")
-        elif self.ssh:
-            self._write(b"\n".join(self.ssh) + b"\n")
+        else:
+            self._release_ssh()
         if needed and not self.said:
             for block in self.held:
                 if lost is None or NO_DAEMON not in block:
                     self._write(block)
+
+    def _release_ssh(self) -> None:
+        with self._lock:
+            held, self.ssh = self.ssh, []
+        if held:
+            self._write(b"\n".join(held) + b"\n")
 
     def host_not_reached(self) -> str | None:
         """The launcher's line when mpirun could not start its daemon on a host (its banner

@@ -86,6 +86,12 @@ def launched_size() -> int:
     return task[1] if task else 1
 
 
+def launched() -> bool:
+    """Whether a launcher (mpirun, srun) started this process, even as its only rank
+    (``refdl launch -n 1``, an elastic run restarted on one host)."""
+    return any(os.environ.get(v) for v in _SIZE_VARS) or slurm_task() is not None
+
+
 def launched_rank() -> int:
     """This process's rank according to the launcher (0 without a launcher)."""
     for var in _RANK_VARS:
@@ -200,36 +206,66 @@ def data_comm() -> Any:
     return comm().Dup()
 
 
+SAY, SAID = 901, 902  # say_once's messages on COMM_WORLD (no other message uses these tags)
+
+
 def say_once(line: str, status: int = 2, timeout_s: float = 5.0) -> None:
     """Print an error ``line`` on stderr; under mpirun, then end this rank with ``status``
-    (outside mpirun it returns, and the caller exits). Ranks that all fail here (the same
-    flags give the same mistake) meet (at most ``timeout_s``) and rank 0 prints each
-    distinct line once, naming the ranks where they differ; a rank whose error the others
-    do not share prints its own. Every rank has printed before any exits (the launcher
-    kills the others as soon as one exits non-zero), and none waits in MPI's finalize for
-    ranks still at work: mpirun ends them."""
+    (outside mpirun it returns, and the caller exits). Every rank sends its line to rank
+    0; rank 0, failing too, waits (at most ``timeout_s``) for the others' lines, prints
+    each distinct one once (naming the ranks where they differ) and tells them it did; a
+    rank that hears nothing (rank 0 did not fail, or not in time) prints its own. No rank
+    exits before its line is printed (the launcher kills the others as soon as one exits
+    non-zero), and none waits in MPI's finalize for ranks still at work: mpirun ends them.
+    Point-to-point messages with their own tags, so nothing collective (an exit's
+    barrier) can match them; where MPI cannot start, the line is printed here."""
+    try:
+        shared = under_mpi() and _say_together(line, timeout_s)
+    except Exception:  # (a UsageError from the launcher's environment, MPI not starting)
+        shared = False
+    if not shared:
+        print(line, file=sys.stderr, flush=True)
     try:
         if not under_mpi():
-            print(line, file=sys.stderr, flush=True)
             return
-    except UsageError:  # a launcher's environment that is itself the error
-        print(line, file=sys.stderr, flush=True)
+    except UsageError:
         return
-    if not _meet(timeout_s):  # not every rank failed here: each says its own
-        print(line, file=sys.stderr, flush=True)
-    else:
-        lines = comm().gather(line, root=0)
-        if lines is not None:  # rank 0
-            ranks: dict[str, list[int]] = {}
-            for rank, said in enumerate(lines):
-                ranks.setdefault(said, []).append(rank)
-            for said, where in ranks.items():
-                tag = "" if len(ranks) == 1 else f" (rank{'s' * (len(where) > 1)} "
-                tag += f"{','.join(map(str, where))})" if tag else ""
-                print(said + tag, file=sys.stderr, flush=True)
-        _meet(timeout_s)  # rank 0 has printed before any rank exits
     sys.stdout.flush()
     os._exit(status)
+
+
+def _say_together(line: str, timeout_s: float) -> bool:
+    """``say_once``'s messages; whether rank 0 printed this rank's line."""
+    world, deadline = comm(), time.monotonic() + timeout_s
+    rank, size = world.Get_rank(), world.Get_size()
+    if rank != 0:
+        world.isend(line, dest=0, tag=SAY)
+        reply = world.irecv(source=0, tag=SAID)
+        while time.monotonic() < deadline:
+            done, _ = reply.test()
+            if done:
+                return True
+            time.sleep(0.01)
+        return False
+    lines = {0: line}
+    while len(lines) < size and time.monotonic() < deadline:
+        if world.Iprobe(source=mpi().ANY_SOURCE, tag=SAY):
+            status = mpi().Status()
+            said = world.recv(source=mpi().ANY_SOURCE, tag=SAY, status=status)
+            lines[status.Get_source()] = said
+        else:
+            time.sleep(0.01)
+    ranks: dict[str, list[int]] = {}
+    for r in sorted(lines):
+        ranks.setdefault(lines[r], []).append(r)
+    for said, where in ranks.items():  # those that did not come in time say their own
+        tag = "" if len(ranks) == 1 and len(lines) == size else f" (rank{'s' * (len(where) > 1)} "
+        tag += f"{','.join(map(str, where))})" if tag else ""
+        print(said + tag, file=sys.stderr, flush=True)
+    for r in lines:
+        if r != 0:
+            world.send(True, dest=r, tag=SAID)  # (buffered: a small message does not wait)
+    return True
 
 
 def _meet(timeout_s: float) -> bool:
@@ -589,11 +625,15 @@ def launch(ranks: int, argv: list[str], hosts: list[Host] | None = None,
         # its own process group: a Ctrl-C at the terminal reaches only this process, which
         # relays it (mpirun's own answer to SIGINT kills the ranks within half a second)
         sys.stdout.flush()  # (what this process printed goes before the ranks' lines)
+        try:
+            out_fd = sys.stdout.fileno()
+        except (OSError, ValueError):  # (a stdout without a descriptor: a notebook's)
+            out_fd = 1
         proc = stop.proc = subprocess.Popen(cmd, env=env, process_group=0,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE)  # fmt: skip
         # mpirun's banners (on either stream), shown only where nothing else says why
-        banners = Banners(proc.stderr, more=((proc.stdout, sys.stdout.fileno()),))
+        banners = Banners(proc.stderr, more=((proc.stdout, out_fd),))
         if stop.signum is not None:  # a signal while mpirun was starting
             stop.relay(stop.signum)
         status, noticed = None, None
