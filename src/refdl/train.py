@@ -119,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
 
         say_once(f"{PROG}: error: {e}")  # under mpirun: once, not once per rank
         return 2
-    except (DivergedError, WriteError) as e:
+    except DivergedError as e:  # (every rank of a synchronous run sees the same loss)
+        from refdl.parallel.processes import say_once
+
+        say_once(f"{PROG}: error: {e}", status=1)
+        return 1
+    except WriteError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 1
     except Interrupted as e:

@@ -646,6 +646,18 @@ def test_mpi_bad_input_every_rank_exits_2_and_it_is_said_once(tmp_path, ranks, a
 
 
 @pytest.mark.mpi
+def test_mpi_divergence_is_said_once_and_recorded(tmp_path):
+    """Both ranks of a synchronous run see the loss become NaN: one line, exit 1, and rank
+    0's summary says diverged."""
+    proc = mpirun(2, "--strategy", "data", "--model", "mlp", "--lr", "1e37", "--steps", "20",
+                  out=tmp_path / "nan", timeout=120)  # fmt: skip
+    lines = [ln for ln in stderr_lines(proc) if "refdl.train: error:" in ln]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert "training diverged" in lines[0] and "(rank" not in lines[0]
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "diverged"
+
+
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_mpi_hung_peer_aborts_every_rank_after_timeout(tmp_path):
     """Rank 1 sleeps 600 s inside its step; rank 0 waits in the exchange, and after
