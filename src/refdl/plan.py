@@ -75,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
                    help="train the best configuration refdl train can run")  # fmt: skip
     p.add_argument("--steps", type=int, help="with --run: training steps (default 100)")
     p.add_argument("--out", help="with --run: the run folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --run: replace an --out folder that holds another run")  # fmt: skip
     return p
 
 
@@ -154,10 +156,13 @@ def run_best(args: argparse.Namespace, record: dict[str, Any]) -> int:
            "--optimizer", record["optimizer"]]  # fmt: skip
     if args.seq_len:
         cmd += ["--data-opt", f"seq_len={args.seq_len}"]
-    if args.out:
+    if args.out is not None:
         cmd += ["--out", args.out]
+    cmd += ["--overwrite"] * args.overwrite
     print(f"{PROG}: running #1: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    return subprocess.call(cmd)
+    sys.stdout.flush()  # (the table or the JSON first)
+    # with --json, standard output holds the JSON alone: the run's own line goes to stderr
+    return subprocess.call(cmd, stdout=sys.stderr if args.json else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             stacks.get(args.library)  # one line for an unknown library or stack
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
-        for key in ("steps", "out"):  # what only a run uses
-            if getattr(args, key) is not None and not args.run:
+        if args.out is not None and not args.out.strip():
+            raise UsageError("--out is empty; give a folder, or drop it (runs/<timestamp>/)")
+        for key in ("steps", "out", "overwrite"):  # what only a run uses
+            if getattr(args, key) not in (None, False) and not args.run:
                 raise UsageError(f"--{key} is an option of --run (training the best "
                                  "configuration); add --run, or drop it")  # fmt: skip
         args.steps = 100 if args.steps is None else args.steps

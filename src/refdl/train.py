@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(name=PROG, description=__doc__, argument_default=argparse.SUPPRESS, say=say_once,
                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--list", action="store_true", help="list strategies, models and data sets")
-    p.add_argument("--config", metavar="FILE", help="settings from a TOML file or a run's "
+    p.add_argument("--config", metavar="FILE", help="settings from a TOML file (keys as in a "
+                   "run's config.json: batch_size, model_opts, progress ...) or a run's "
                    "config.json; flags given beside it override it")  # fmt: skip
     add_run_arguments(p)
     return p

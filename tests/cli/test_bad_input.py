@@ -188,7 +188,7 @@ OTHERS = [
      "[fixed] must be a table"),
     ("recipe: unknown section", "refdl.bench", ["run", f"{T}/section.toml"],
      "unknown section(s)"),
-    ("bench: command unknown", "refdl.bench", ["nope"], "give a command"),
+    ("bench: command unknown", "refdl.bench", ["nope"], "unknown command 'nope'; choose one of: predict-vs-measure"),
     ("data: out into /proc", "refdl.data",
      ["convert", "--dataset", "digits", "--out", "/proc/refdl/d.zarr"],
      "--out /proc/refdl/d.zarr: cannot write"),
@@ -339,6 +339,23 @@ UNUSED = [
     ("predict: an empty worker count", "refdl.predict",
      ["--hw", "p100-nvlink", "--model", "resnet50", "--workers", "1,,2"],
      "--workers '1,,2': give integers like 4 or 1,2,4"),
+    ("plan: an empty --out", "refdl.plan", ["--hw", "local", "--model", "mlp", "--devices", "2",
+                                            "--batch-size", "64", "--run", "--out", ""],
+     "--out is empty"),
+    ("data: an empty --out", "refdl.data", ["convert", "--dataset", "digits", "--out", ""],
+     "--out is empty"),
+    ("validate: export-start beside a check", "refdl.validate",
+     ["--results", f"{T}/good.jsonl", "--export-start", f"{T}/es"], "--export-start writes"),
+    ("validate: seeds with a control", "refdl.validate",
+     ["--results", f"{T}/good.jsonl", "--control", f"{T}/good.jsonl", "--seeds", "5"],
+     "--seeds does nothing with --control: the two logs are judged alone"),
+    ("validate: a model beside a log", "refdl.validate",
+     ["--results", f"{T}/good.jsonl", "--model", "resnet"],
+     "--model does nothing with --results: the log's settings"),
+    ("compare: strict without a ratio", "refdl.bench", ["compare", "--frameworks", "refdl",
+                                                        "--strict"], "--strict judges"),
+    ("recipe: min above max", "refdl.bench", ["run", f"{T}/minmax.toml"],
+     "TestAccuracy min 0.5 is above its max 0.1: no run could pass"),
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),
@@ -407,6 +424,7 @@ def make_inputs(tmp: Path) -> None:
     make_foreign_inputs(tmp, good)
     make_third_look_inputs(tmp)
     head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'
+    (tmp / "minmax.toml").write_text(head + "[acceptable]\nTestAccuracy = { min = 0.5, max = 0.1 }\n")
     (tmp / "min.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = "high" }\n')
     (tmp / "timeout.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = 0.5 }\n'
                                       '[options]\ntimeout = "long"\n')  # fmt: skip

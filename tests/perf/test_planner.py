@@ -166,8 +166,10 @@ def test_what_run_would_train_refdl_train_accepts():
 def test_plan_run_trains_the_best(tmp_path):
     out = tmp_path / "run"
     proc = plan("--hw", "local", "--model", "mlp", "--devices", "4", "--batch-size", "64",
-                "--run", "--steps", "5", "--out", str(out), timeout=300)  # fmt: skip
+                "--run", "--steps", "5", "--out", str(out), "--json", timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["configurations"]  # the JSON alone: train's line on stderr
+    assert "results in" in proc.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "completed" and s["devices"] == 4 and s["steps"] == 5
 

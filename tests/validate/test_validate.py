@@ -268,6 +268,17 @@ def test_recipe_errors_name_the_key(tmp_path):
     assert ranks == 3 and argv[-4:] == ["--data-opt", "a=1", "--data-opt", "b=2"]
 
 
+def test_a_recipe_whose_settings_are_refused_leaves_no_folder(tmp_path):
+    ok = _recipe(tmp_path, "TestAccuracy = { min = 0.5 }")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "refdl.bench", "run", str(ok), "--set",
+                           "strategy=warp"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
+    assert proc.returncode == 2 and "refused its settings" in proc.stderr
+    assert list(scratch.iterdir()) == []  # the run folder it made, removed
+
+
 @pytest.mark.slow
 def test_recipe_passes_and_an_impossible_threshold_exits_1(tmp_path):
     ok = _recipe(tmp_path, "TestAccuracy = { min = 0.5 }\nTimeToAccuracy = { max = 600 }")

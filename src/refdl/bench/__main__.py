@@ -82,10 +82,9 @@ def _main(argv: list[str] | None) -> int:
               + " (COMMAND --help shows its options)")  # fmt: skip
         return 0
     if not argv or argv[0] not in COMMANDS:
-        print(
-            f"refdl.bench: error: give a command: {', '.join(COMMANDS)} (see --help)",
-            file=sys.stderr,
-        )
+        what = f"unknown command {argv[0]!r}" if argv else "no command given"
+        print(f"refdl.bench: error: {what}; choose one of: {', '.join(COMMANDS)} (see --help)",
+              file=sys.stderr)  # fmt: skip
         return 2
     from refdl.parallel.processes import keep_freed_memory
 

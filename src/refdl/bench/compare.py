@@ -254,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--warmup must be smaller than --steps")
         if len(set(frameworks)) < len(frameworks):
             raise UsageError(f"--frameworks names one twice ({args.frameworks})")
+        if args.strict and not set(FRAMEWORKS) <= set(frameworks):
+            raise UsageError(f"--strict judges the {'/'.join(FRAMEWORKS)} ratio, and "
+                             f"--frameworks {args.frameworks} gives none; add the other "
+                             "framework or drop --strict")  # fmt: skip
         from refdl.models import MODELS
 
         if args.model not in MODELS.names():

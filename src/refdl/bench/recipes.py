@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +177,9 @@ def load(path: str | Path) -> Recipe:
             if problem := BOUND.problem(value):
                 raise UsageError(f"recipe {path}: [acceptable] {metric} {key} must be {problem}")
         acceptable[metric] = {k: float(v) for k, v in bounds.items()}
+        if acceptable[metric].get("min", -math.inf) > acceptable[metric].get("max", math.inf):
+            raise UsageError(f"recipe {path}: [acceptable] {metric} min {bounds['min']} is "
+                             f"above its max {bounds['max']}: no run could pass")  # fmt: skip
     if not acceptable:
         raise UsageError(f"recipe {path}: [acceptable] names no metric")
     options = _table(raw, "options", p)
@@ -253,6 +258,8 @@ def run(recipe: Recipe, overrides: dict[str, Any] | None = None, out: str | None
         ) from None
     if proc.returncode == 2:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        if out is None:  # the folder made here, left empty: the run wrote nothing
+            shutil.rmtree(out_dir, ignore_errors=True)
         raise UsageError(f"recipe {recipe.name}: the run refused its settings: {last}")
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]

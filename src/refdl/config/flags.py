@@ -92,8 +92,9 @@ def file_settings(path: str) -> dict[str, Any]:
     unknown = sorted(k for k in table if k not in fields)
     if unknown:
         raise UsageError(
-            f"--config {path}: unknown setting {unknown[0]!r}; the keys are the long flags' "
-            "names with underscores (batch_size, lr, ...; see --help)"
+            f"--config {path}: unknown setting {unknown[0]!r}; the keys are those of a run's "
+            "config.json, mostly the long flags' names with underscores (batch_size, lr; "
+            "model_opts for --model-opt, progress = false for --no-progress)"
         )
     out = {}
     for key, value in table.items():

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if problem := Int(min=1, max=1 << 20).problem(args.chunk):
             raise UsageError(f"--chunk must be {problem}")
+        if not args.out.strip():
+            raise UsageError("--out is empty; give the folder to write the store in")
         writable_folder(args.out, "--out")
         check_not_another_folder(Path(args.out))
         ds = load_dataset(args.dataset, args.data_dir)

@@ -203,6 +203,11 @@ ARG_VALUES = {
 }
 
 
+# What each mode of --results reads; any other flag off its default is refused.
+CONTROL_OPTIONS = ("results", "control", "report", "json", "scalars", "config", "set")
+RESULTS_OPTIONS = (*CONTROL_OPTIONS, "seeds", "seed_cache", "hw", "loss_rtol", "param_rtol")
+
+
 def _fp64_only() -> UsageError:
     return UsageError("--precision fp64 compares refdl with PyTorch step by step "
                       "(--framework torch, a synchronous strategy); drop it")  # fmt: skip
@@ -223,6 +228,21 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{key.replace('_', '-')} is empty; give a path or drop it")
     if args.control is not None and not all(str(c).strip() for c in args.control):
         raise UsageError("--control is empty; give a log or drop it")
+    if args.export_start and (args.results or args.control):
+        raise UsageError("--export-start writes refdl's start for another run, and checks "
+                         "nothing; give it alone, or drop it to check --results")  # fmt: skip
+    if args.results:  # the log's settings are the run's: the flags of a new run do nothing
+        allowed = CONTROL_OPTIONS if args.control else RESULTS_OPTIONS
+        why = (
+            "--control: the two logs are judged alone, nothing is rerun"
+            if args.control
+            else "--results: the log's settings (or --config, --set) say what is rerun"
+        )
+        defaults = {a.dest: a.default for a in build_parser()._actions if a.dest != "help"}
+        for key, default in defaults.items():
+            if key not in allowed and getattr(args, key) != default:
+                raise UsageError(f"--{key.replace('_', '-')} does nothing with {why}; "
+                                 "drop it")  # fmt: skip
     if not args.results:  # the options of a log's check would change nothing
         defaults = {"seeds": 10, "hw": "local"}
         for key in ("report", "config", "set", "scalars", "seed_cache", "seeds", "hw"):
