@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
         STRATEGIES.get(spec.strategy)  # an unknown name is refused before the loop loads
         MODELS.get(spec.model)
+        from refdl.assemble import resolve
+        from refdl.config.spec import command_line
+
+        with command_line():  # the model's defaults filled in: their refusals name flags
+            resolve(spec)
         _check_one_process(given)
         # the training loop (and the event writer's tensorboardX, which loads torch) only
         # once the flags passed their own checks: a typo costs no second of imports more

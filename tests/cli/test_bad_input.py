@@ -356,6 +356,9 @@ UNUSED = [
                                                         "--strict"], "--strict judges"),
     ("recipe: min above max", "refdl.bench", ["run", f"{T}/minmax.toml"],
      "TestAccuracy min 0.5 is above its max 0.1: no run could pass"),
+    ("momentum with adam", "refdl.train", ["--model", "lstm_lm", "--momentum", "0.5"],
+     "--momentum sets the heavy ball of --optimizer momentum and --optimizer nesterov; "
+     "--optimizer adam has none"),
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),

@@ -396,3 +396,16 @@ def test_a_logs_own_mistakes_are_answered_before_jax_loads(tmp_path):
                           timeout=120, cwd=tmp_path)  # fmt: skip
     assert proc.stdout.split() == ["[2,", "2]", "False", "False"], proc.stdout + proc.stderr
     assert "more than the 100,000 refdl reruns" in proc.stderr
+
+
+def test_a_logs_momentum_beside_adam_is_warned_of_not_refused():
+    """Frameworks may record momentum whatever the optimizer: refdl's rerun drops it and
+    says so (a RunSpec refuses momentum beside Adam)."""
+    from refdl.validate.results import _spec, declared
+
+    config = {"model": "mlp", "optimizer": "adam", "momentum": 0.5}
+    assert _spec(config, 5).momentum == 0.9  # the default: not given to Adam
+    assert "momentum 0.5: ignored, the optimizer adam has no heavy ball" in declared(config)[1]
+    heavy = {"model": "mlp", "optimizer": "momentum", "momentum": 0.5}
+    assert _spec(heavy, 5).momentum == 0.5 and not declared(heavy)[1]
+    assert _spec({"model": "lstm_lm", "momentum": 0.5}, 5).momentum == 0.9  # its own: adam

@@ -371,6 +371,11 @@ class RunSpec:
         if decay and self.lr_schedule != "step":  # they would change nothing
             raise UsageError(f"{flag(decay[0])} sets the step schedule's decay; add "
                              "--lr-schedule step, or drop it")  # fmt: skip
+        momentum = {f.name: f.default for f in fields}["momentum"]
+        if self.momentum != momentum and self.optimizer not in (None, "momentum", "nesterov"):
+            raise UsageError(f"--momentum sets the heavy ball of --optimizer momentum and "
+                             f"--optimizer nesterov; --optimizer {self.optimizer} has none "
+                             "(Muon's is its own, 0.95): drop --momentum")  # fmt: skip
         if self.muon != "gather" and self.optimizer != "muon":
             raise UsageError(f"--muon {self.muon} is a scheme of --optimizer muon; add it")
         if self.ps_mode == "ssp" and self.staleness is None:

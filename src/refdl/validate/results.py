@@ -99,6 +99,9 @@ def declared(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     ]
     if config.get("dtype", "float32") != "float32":
         warnings.append(f"dtype {config['dtype']}: refdl's reference runs float32")
+    if "momentum" in config and not _takes_momentum(config):
+        warnings.append(f"momentum {config['momentum']}: ignored, the optimizer "
+                        f"{_optimizer(config)} has no heavy ball")  # fmt: skip
     if config.get("loss_reduction") == "sum":
         warnings.append(
             "loss_reduction sum: refdl runs the mean with lr x batch_size (the same SGD steps)"
@@ -106,11 +109,26 @@ def declared(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     return assumptions, warnings
 
 
+def _optimizer(config: dict[str, Any]) -> str:
+    """The log's optimizer, else its model's (a name refdl knows or not)."""
+    from refdl.models import MODELS
+
+    if "optimizer" in config:
+        return str(config["optimizer"])
+    model = config.get("model")
+    return str(MODELS.get(model).defaults.get("optimizer", "sgd")) if model in MODELS else "?"
+
+
+def _takes_momentum(config: dict[str, Any]) -> bool:
+    """Whether the log's optimizer has a heavy ball (a log may record momentum beside Adam)."""
+    return _optimizer(config) in ("momentum", "nesterov")
+
+
 def _spec(config: dict[str, Any], steps: int) -> RunSpec:
     """refdl's single-device run of the log's configuration (for the seeds)."""
     kw: dict[str, Any] = {}
     for key in ("dataset", "lr", "momentum", "weight_decay", "lr_schedule", "loss"):
-        if key in config:
+        if key in config and (key != "momentum" or _takes_momentum(config)):
             kw[key] = config[key]
     if "optimizer" in config:
         nesterov = config.get("nesterov") and config["optimizer"] == "momentum"
