@@ -336,6 +336,7 @@ def _step_main(argv: list[str]) -> int:
                              f"decentralized's top-k messages; not --strategy "
                              f"{args.strategy}")  # fmt: skip
         _check_options(args, traits)
+        _check_transformer_options(args, model)
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits.axes else 1)
@@ -433,6 +434,23 @@ def _check_options(args: argparse.Namespace, traits: Any) -> None:
     given = [k for k in STRATEGY_OPTIONS if k != "workers" and k in vars(args)  # a list here
              and getattr(args, k) != defaults.get_default(k)]  # fmt: skip
     check_options(given, args.strategy, traits, declared_traits())
+
+
+# Options that price a transformer's layers: a model priced by its compiled step (resnet50,
+# lenet5, ...) has none of these terms, and the option would change nothing.
+TRANSFORMER_OPTIONS = ("remat", "attention", "compute", "grad_reduce", "sequence_parallel",
+                       "cp", "stage_boundaries")  # fmt: skip
+
+
+def _check_transformer_options(args: argparse.Namespace, model: str) -> None:
+    from refdl.perf.model_cost import model_cost
+
+    defaults = _step_parser()
+    given = [k for k in TRANSFORMER_OPTIONS if getattr(args, k) != defaults.get_default(k)]
+    if given and model_cost(model).transformer is None:
+        raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's layers, and "
+                         f"{model} is priced by its compiled step, which has no such term; "
+                         "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
 
 
 def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3) -> str:

@@ -359,6 +359,13 @@ UNUSED = [
     ("momentum with adam", "refdl.train", ["--model", "lstm_lm", "--momentum", "0.5"],
      "--momentum sets the heavy ball of --optimizer momentum and --optimizer nesterov; "
      "--optimizer adam has none"),
+    ("predict: recomputation of a CNN", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "resnet50", "--remat", "full"],
+     "--remat prices a transformer's layers, and resnet50 is priced by its compiled step"),
+    ("plan: shapes' compute for an MLP", "refdl.plan", ["--hw", "local", "--model", "mlp",
+                                                         "--devices", "2", "--batch-size", "64",
+                                                         "--compute", "flops"],
+     "--compute prices a transformer's layers, and mlp is priced by its compiled step"),
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),
