@@ -161,6 +161,9 @@ def predict_collective(
     if sparse != (density is not None):
         raise UsageError("--density goes with --op allreduce --algo sparse (or sparse-split), "
                          "and it needs one")  # fmt: skip
+    if value_bits != 32 and not sparse:  # (a dense collective sends whole values)
+        raise UsageError("--value-bits goes with --op allreduce --algo sparse (or "
+                         "sparse-split); drop it")  # fmt: skip
     rows = []
     for w in workers:
         extra: dict[str, Any] = {}

@@ -366,6 +366,13 @@ UNUSED = [
                                                          "--devices", "2", "--batch-size", "64",
                                                          "--compute", "flops"],
      "--compute prices a transformer's layers, and mlp is priced by its compiled step"),
+    ("published: a negative figure", "refdl.bench", ["published", "--data", f"{T}/negpoint.toml"],
+     "point 0: value must be a finite number > 0"),
+    ("collective: value bits of a dense ring", "refdl.predict",
+     ["collective", "--hw", "p100-nvlink", "--workers", "4", "--bytes", "1e6", "--value-bits", "8"],
+     "--value-bits goes with --op allreduce --algo sparse"),
+    ("predict: an empty --hw", "refdl.predict", ["--hw", "", "--model", "resnet50"],
+     "--hw is empty; give a profile"),
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),
@@ -434,6 +441,9 @@ def make_inputs(tmp: Path) -> None:
     make_foreign_inputs(tmp, good)
     make_third_look_inputs(tmp)
     head = '[recipe]\nname = "x"\n[fixed]\nmodel = "mlp"\nsteps = 2\n'
+    (tmp / "negpoint.toml").write_text('[[source]]\nid = "s"\npart = "heldout"\n[[point]]\n'
+                                       'source = "s"\nkind = "step"\nmetric = "step_time_s"\n'
+                                       "value = -1.0\n")  # fmt: skip
     (tmp / "minmax.toml").write_text(head + "[acceptable]\nTestAccuracy = { min = 0.5, max = 0.1 }\n")
     (tmp / "min.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = "high" }\n')
     (tmp / "timeout.toml").write_text(head + '[acceptable]\nTestAccuracy = { min = 0.5 }\n'

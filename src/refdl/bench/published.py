@@ -31,6 +31,7 @@ from typing import Any
 from refdl import hw
 from refdl.cli import Parser
 from refdl.config.files import load_toml
+from refdl.config.values import Float, Int
 from refdl.errors import UsageError
 from refdl.hw import stacks
 from refdl.perf import intervals
@@ -75,6 +76,27 @@ class Point:
     year: int | None = None  # the source's year, where it states one
 
 
+# A point's numbers: a published figure is positive and finite, a message size finite
+POINT_VALUES = {
+    "value": Float(min=0.0, min_open=True, max=1e30),
+    "bytes": Float(min=0.0, max=1e30),
+    "workers": Int(min=1, max=1 << 24),
+    "nodes": Int(min=1, max=1 << 24),
+}
+
+
+def _check_point(p: Any, where: str) -> None:
+    """A point's required keys and numbers, before any is used (one line each)."""
+    if not isinstance(p, dict):
+        raise UsageError(f"{where} is not a table")
+    missing = [k for k in ("kind", "metric", "value") if k not in p]
+    if missing:
+        raise UsageError(f"{where} lacks {', '.join(missing)}")
+    for key, kind in POINT_VALUES.items():
+        if key in p and (problem := kind.problem(p[key])):
+            raise UsageError(f"{where}: {key} must be {problem}")
+
+
 def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
     """The points and the ``[split]`` table of a measurements file."""
     path = Path(path)
@@ -96,6 +118,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
         if p.get("source") not in parts:
             raise UsageError(f"--data {path}: point {i} names an unknown source")
         parallel_points.check_grad_reduce(p, f"--data {path}: point {i}")
+        _check_point(p, f"--data {path}: point {i}")
         if p.get("stack", "") and p["stack"] not in stacks.table():
             raise UsageError(f"--data {path}: point {i}: stack {p['stack']!r} is not one of "
                              f"{', '.join(stacks.table())}")  # fmt: skip

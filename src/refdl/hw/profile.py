@@ -525,6 +525,8 @@ def names() -> list[str]:
 
 def load(name_or_path: str | Path) -> HardwareProfile:
     """A shipped profile by name (``p100-nvlink``) or a TOML file by path."""
+    if not str(name_or_path).strip():
+        raise UsageError(f"--hw is empty; give a profile ({', '.join(names())}) or a .toml path")
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         text = read_text(path, "hardware profile", limit=1 << 20)

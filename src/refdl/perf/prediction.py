@@ -81,7 +81,7 @@ def predict_steps(
         if problem := kind.problem(value):
             raise UsageError(f"{flag} must be {problem}")
     if not workers or any(Int(min=1, max=1 << 20).problem(w) for w in workers):
-        raise UsageError(f"--workers must be integers >= 1 (got {workers})")
+        raise UsageError(f"--workers must be integers in [1, {1 << 20}] (got {workers})")
     opts = dataclasses.replace(opts or PredictOptions(), precision=precision).validate()
     if traits.has_servers and opts.servers > max(workers):
         raise UsageError(
