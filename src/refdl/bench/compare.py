@@ -146,6 +146,12 @@ def compare(
         (f, d): [] for f in frameworks for d in devices
     }
     todo, done = rounds * len(devices) * len(frameworks), 0
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+
+    for d in devices:  # refused settings: one line, before any round's line
+        build(RunSpec(strategy=strategy, model=model, devices=d, steps=steps, batch_size=batch,
+                      progress=False))  # fmt: skip
     for r in range(rounds):
         for d in devices:
             order = frameworks if r % 2 == 0 else frameworks[::-1]  # who goes first alternates

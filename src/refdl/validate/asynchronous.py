@@ -79,8 +79,8 @@ def validate_async(args: Request) -> dict[str, Any]:
         if getattr(args, name) is not None:
             common[name] = getattr(args, name)
     spec = RunSpec(strategy="single", **common)  # refused settings: before any phase line
-    phase(f"refdl.validate: refdl's reference run of {args.model}, {args.steps} steps")
-    ref = reference_run(spec, plain_layers=True)
+    ref = reference_run(spec, plain_layers=True, announce="refdl.validate: refdl's reference "
+                        f"run of {args.model}, {args.steps} steps")  # fmt: skip
     if len(set(ref.lrs)) > 1 and fw == "tensorflow":
         raise ValidationFailed("TensorFlow's parameter-server run takes one learning rate; "
                                "this configuration's schedule changes it")  # fmt: skip

@@ -97,18 +97,22 @@ class Reference:
     muon: tuple[str, ...] = ()  # optimizer muon: the paths of the matrices Muon updates
 
 
-def reference_run(spec: Any, plain_layers: bool = False, bf16_muon: bool = False) -> Reference:
+def reference_run(spec: Any, plain_layers: bool = False, bf16_muon: bool = False,
+                  announce: str | None = None) -> Reference:  # fmt: skip
     """Run ``spec`` for ``spec.steps`` steps with refdl (the one trajectory, each step
     timed, in the spec's precision), keeping what the other side needs (``plain_layers``:
     the layers described for a framework in another process; ``bf16_muon``: Muon's
-    Newton-Schulz rounded as PyTorch's, ``newton_schulz_bf16``)."""
+    Newton-Schulz rounded as PyTorch's, ``newton_schulz_bf16``). ``announce``: the phase
+    line, printed once the run is built (a refused setting stays one line)."""
     rounded = iterated_by(newton_schulz_bf16) if bf16_muon else contextlib.nullcontext()
     with precision.scope(spec.precision), rounded:
-        return _reference_run(spec, plain_layers)
+        return _reference_run(spec, plain_layers, announce)
 
 
-def _reference_run(spec: Any, plain_layers: bool) -> Reference:
+def _reference_run(spec: Any, plain_layers: bool, announce: str | None = None) -> Reference:
     run = build(spec)
+    if announce:
+        phase(announce)
     strategy = run.strategy
     init_params = run.task.init_state(run.spec.seed).params
     init = flatten(jax.device_get(init_params))
@@ -327,8 +331,8 @@ def validate(args: Request) -> dict[str, Any]:
     one = traits.replicas or not traits.axes or args.workers  # one device per process
     devices = 1 if traits.replicas else args.devices or (1 if one else 2)
     spec = sync_spec(args, devices, workers)  # refused settings: one line, before any phase
-    phase(f"refdl.validate: refdl's {args.strategy} run of {args.model}, {args.steps} steps")
-    ref = reference_run(spec, plain_layers=fw != "torch")
+    ref = reference_run(spec, plain_layers=fw != "torch", announce=f"refdl.validate: refdl's "
+                        f"{args.strategy} run of {args.model}, {args.steps} steps")  # fmt: skip
     envelope = rounded = None
     if ref.spec.optimizer == "muon" and args.torch_muon_ns == "bf16":
         phase("refdl.validate: refdl's run again, its Newton-Schulz rounded to bf16 as "
