@@ -228,6 +228,15 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--{key.replace('_', '-')} is empty; give a path or drop it")
     if args.control is not None and not all(str(c).strip() for c in args.control):
         raise UsageError("--control is empty; give a log or drop it")
+    if args.torch_muon_ns != "bf16" and args.optimizer != "muon":
+        raise UsageError("--torch-muon-ns sets torch.optim.Muon's Newton-Schulz; add "
+                         "--optimizer muon, or drop it")  # fmt: skip
+    if args.framework != "torch":  # what only the PyTorch side has
+        torch_only = {"plant_bug": None, "perturb": 0.0, "torch_batchnorm": "composite"}
+        for key, default in torch_only.items():
+            if getattr(args, key) != default:
+                raise UsageError(f"--{key.replace('_', '-')} changes PyTorch's side; "
+                                 f"--framework {args.framework} has none, drop it")  # fmt: skip
     if args.export_start and (args.results or args.control):
         raise UsageError("--export-start writes refdl's start for another run, and checks "
                          "nothing; give it alone, or drop it to check --results")  # fmt: skip
@@ -297,6 +306,11 @@ def _main(argv: list[str] | None) -> int:
             from refdl.validate.logs import checked_log
 
             checked = checked_log(args.results, args.config, args.set, args.scalars)
+        from refdl.strategies import traits_of
+
+        if args.schedule != "1f1b" and "schedule" not in traits_of(args.strategy).options:
+            raise UsageError(f"--schedule orders pipeline stages; --strategy {args.strategy} "
+                             "has none: use --strategy pipeline, or drop it")  # fmt: skip
         if args.steps is None:
             args.steps = ASYNC_STEPS if by_outcome(args) else 20
         if args.precision == "fp64" and by_outcome(args):  # (by outcome: JAX loads to know)
