@@ -254,6 +254,18 @@ def test_predict_cli_json_and_errors(capsys, tmp_path):
     assert predict_main(["--hw", "p100-nvlink", "--model", "mlp", "--workers", "x"]) == 2
 
 
+def test_a_precision_the_profile_lists_no_peak_for_is_said():
+    """P100 has fp32 and fp16 peaks: bf16 is priced at fp32's and the rows say so."""
+    bf16 = predict_steps("p100-nvlink", "data", traits_of("data"), "mlp", 64, [1],
+                         precision="bf16")[0]  # fmt: skip
+    assert "p100-nvlink lists no bf16 peak (only float32, float16)" in bf16["note"]
+    fp32 = predict_steps("p100-nvlink", "data", traits_of("data"), "mlp", 64, [1])[0]
+    assert "note" not in fp32 and fp32["step_time_s"] == bf16["step_time_s"]
+    fp16 = predict_steps("p100-nvlink", "data", traits_of("data"), "mlp", 64, [1],
+                         precision="fp16")[0]  # fmt: skip
+    assert "note" not in fp16
+
+
 @pytest.mark.slow  # slow since 2026-11-26: the default suite took 15 min 33 s
 def test_more_workers_than_a_one_node_profile_holds_says_what_it_assumes(capsys):
     # v100-nvlink is a DGX-1V node (8 GPUs, no network): 16 workers are one larger node

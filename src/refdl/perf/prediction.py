@@ -29,6 +29,15 @@ from refdl.perf.overlap import with_frameworks_overlap
 from refdl.perf.straggler import straggled
 
 
+def precision_note(profile: Any, precision: str) -> str | None:
+    """What a profile without the precision's peak prices it at (said, not silent)."""
+    d = profile.device
+    if d is None or profile.dtype_for(precision) in d.peak_flops:
+        return None
+    return (f"{profile.name} lists no {precision} peak (only {', '.join(d.peak_flops)}): "
+            "priced at float32's, its interval widened")  # fmt: skip
+
+
 def scope_note(profile: Any, workers: list[int]) -> str | None:
     """What a prediction assumes when it asks more devices of a one-node profile than
     the node holds: its own link, as one larger node (an NVSwitch machine such as a
@@ -177,9 +186,10 @@ def predict_steps(
                 **_by_axis(c),
             }
         )
-    if note := scope_note(profile, workers):
+    notes = [n for n in (scope_note(profile, workers), precision_note(profile, precision)) if n]
+    if notes:
         for r in rows:
-            r["note"] = note
+            r["note"] = "; ".join(notes)
     return rows
 
 
