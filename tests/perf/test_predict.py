@@ -420,3 +420,12 @@ def test_data_prices_every_compressed_exchange_train_runs():
     assert step(compress="topk:0.01,q4", allreduce="sparse") < dense < step(compress="qsgd:8")
     with pytest.raises(UsageError, match="add --compress topk:RATIO"):
         FORMULAS.get("data_parallel")(m, view, 1024, p, PredictOptions(allreduce="sparse"))
+
+
+def test_a_mesh_of_another_size_names_predicts_own_flag(capsys):
+    """predict has no --devices: a mesh that does not multiply to a worker count names
+    --workers."""
+    assert predict_main(["--hw", "p100-nvlink", "--model", "gpt2", "--mesh", "data=2,model=2",
+                         "--workers", "2"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "multiplies to 4 devices but --workers is 2" in err[0], err

@@ -168,28 +168,29 @@ class MeshLayout:
         named = dict(self.degrees)
         return None if -1 in named.values() else math.prod(named.values())
 
-    def on(self, devices: int | None = None) -> MeshSpec:
-        """The mesh on ``devices`` devices (default: the count the degrees name)."""
+    def on(self, devices: int | None = None, count: str = "--devices") -> MeshSpec:
+        """The mesh on ``devices`` devices (default: the count the degrees name); ``count``:
+        the flag that gave the count, as refusals name it (predict's is ``--workers``)."""
         text, degrees = str(self), dict(self.degrees)
         if devices is None:
             devices = self.devices
             if devices is None:
-                raise UsageError(f"--mesh {text!r} has a -1 axis (the rest): give --devices")
+                raise UsageError(f"--mesh {text!r} has a -1 axis (the rest): give {count}")
         if not isinstance(devices, int) or devices <= 0:
-            raise UsageError(f"--devices must be an integer > 0 (got {devices!r})")
+            raise UsageError(f"{count} must be an integer > 0 (got {devices!r})")
         rest = [n for n, d in degrees.items() if d == -1]
         known = math.prod(d for d in degrees.values() if d != -1)
         if rest:
             if devices % known:
                 raise UsageError(
                     f"--mesh {text!r}: {known} does not divide {devices} devices, so "
-                    f"{rest[0]}=-1 has no integer degree; change the degrees or --devices"
+                    f"{rest[0]}=-1 has no integer degree; change the degrees or {count}"
                 )
             degrees[rest[0]] = devices // known
         spec = MeshSpec(**degrees, given=text)
         if spec.size != devices:
             raise UsageError(
-                f"--mesh {text!r} multiplies to {spec.size} devices but --devices is {devices}; "
+                f"--mesh {text!r} multiplies to {spec.size} devices but {count} is {devices}; "
                 f"make {' x '.join(AXES)} = {devices} (or use -1 for one axis)"
             )
         return spec

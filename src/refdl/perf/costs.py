@@ -372,7 +372,7 @@ def hybrid_mesh(workers: int, opts: PredictOptions) -> MeshSpec:
     """The mesh ``hybrid`` is priced on: ``opts.mesh``, else model 2 where the workers are
     even and the rest on data."""
     if opts.mesh is not None:
-        return opts.mesh.on(workers)
+        return opts.mesh.on(workers, "--workers")
     return MeshSpec(data=workers // 2, model=2) if workers % 2 == 0 else MeshSpec(data=workers)
 
 
