@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("give -n RANKS, or --hosts/--hostfile")
         if problem := Int(min=1, max=4096).problem(ranks):
             raise UsageError(f"-n must be {problem}")
+        if args.command != "train" and ranks > 1:  # (their work is one process's)
+            raise UsageError(f"{args.command} runs in one process (it starts any others it "
+                             f"needs); run refdl {args.command} without launch, or launch "
+                             "train")  # fmt: skip
         if slots is not None and ranks > slots:
             raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
                              "raise their RANKS or lower -n")  # fmt: skip
