@@ -155,7 +155,7 @@ def predict_collective(
     sparse allreduce (``--algo sparse --density D``) adds the dense ring's expected time
     and the speed-up over it."""
     profile = hw.load(hw_name)
-    if problem := Float(min=0.0).problem(n):
+    if problem := Float(min=0.0, max=1e18).problem(n):  # (an exabyte: past any message)
         raise UsageError(f"--bytes must be {problem}")
     sparse = op == "allreduce" and algo in SPARSE
     if sparse != (density is not None):

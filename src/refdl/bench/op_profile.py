@@ -47,8 +47,8 @@ def library_ops(hlo_text: str) -> set[str]:
 def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) -> dict[str, Any]:
     """Measured and predicted time of each operation of ``model``'s single-device step,
     grouped by kind; the step's wall time, its measured operations and the gap."""
-    if steps < 1:
-        raise UsageError(f"--steps {steps}: give at least 1 step to profile")
+    if not 1 <= steps <= 10_000:  # (each is timed and profiled: 10,000 is hours here)
+        raise UsageError(f"--steps {steps}: give 1 to 10000 steps to profile")
     prof = hw.load(profile)
     from refdl.config.spec import RunSpec  # (JAX: after a mistaken flag is answered)
     from refdl.hw.calibrate.in_step import traced_ops
