@@ -92,10 +92,6 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("give -n RANKS, or --hosts/--hostfile")
         if problem := Int(min=1, max=4096).problem(ranks):
             raise UsageError(f"-n must be {problem}")
-        if args.command != "train" and ranks > 1:  # (their work is one process's)
-            raise UsageError(f"{args.command} runs in one process (it starts any others it "
-                             f"needs); run refdl {args.command} without launch, or launch "
-                             "train")  # fmt: skip
         if slots is not None and ranks > slots:
             raise UsageError(f"-n {ranks} is more ranks than the hosts take ({slots}); "
                              "raise their RANKS or lower -n")  # fmt: skip
@@ -115,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             if ranks != slots:
                 raise UsageError("--elastic takes every slot of the hosts; drop -n")
             prepare(args.args)  # its refusals before anything starts
+        if args.command != "train" and ranks > 1:  # (their work is one process's)
+            raise UsageError(f"{args.command} runs in one process (it starts any others it "
+                             f"needs); run refdl {args.command} without launch, or launch "
+                             "train")  # fmt: skip
         if args.command == "train":  # its flags checked once here, not once per rank
             from refdl.train import PROG, check_flags
 
