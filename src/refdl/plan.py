@@ -196,13 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.model, shape = model_named(args.model, args.model_shape, args.model_shape_file,
                                         args.seq_len)  # fmt: skip
-        given = [f for f, on in (("--compute", args.compute != "shape"),
-                                 ("--grad-reduce", args.grad_reduce != "fp32")) if on]  # fmt: skip
+        defaults = parser()
+        given = [k for k in ("compute", "grad_reduce")  # (a transformer's, as predict's)
+                 if getattr(args, k) != defaults.get_default(k)]  # fmt: skip
         if given:
             from refdl.perf.model_cost import model_cost
 
             if model_cost(args.model).transformer is None:
-                raise UsageError(f"{given[0]} prices a transformer's layers, and {args.model} "
+                raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's "
+                                 f"layers, and {args.model} "
                                  "is priced by its compiled step, which has no such term; "
                                  "drop it")  # fmt: skip
         if args.run:

@@ -365,14 +365,12 @@ class RunSpec:
             )
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
-        fields = dataclasses.fields(self)
-        decay = [f.name for f in fields if f.name.startswith("lr_decay_")
-                 and getattr(self, f.name) != f.default]  # fmt: skip
+        off = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+        decay = sorted(k for k in off if k.startswith("lr_decay_"))
         if decay and self.lr_schedule != "step":  # they would change nothing
             raise UsageError(f"{flag(decay[0])} sets the step schedule's decay; add "
                              "--lr-schedule step, or drop it")  # fmt: skip
-        momentum = {f.name: f.default for f in fields}["momentum"]
-        if self.momentum != momentum and self.optimizer not in (None, "momentum", "nesterov"):
+        if "momentum" in off and self.optimizer not in (None, "momentum", "nesterov"):
             raise UsageError(f"--momentum sets the heavy ball of --optimizer momentum and "
                              f"--optimizer nesterov; --optimizer {self.optimizer} has none "
                              "(Muon's is its own, 0.95): drop --momentum")  # fmt: skip

@@ -258,9 +258,9 @@ def _say_together(line: str, timeout_s: float) -> bool:
     ranks: dict[str, list[int]] = {}
     for r in sorted(lines):
         ranks.setdefault(lines[r], []).append(r)
+    named = len(ranks) > 1 or len(lines) < size  # ranks named unless all said the same
     for said, where in ranks.items():  # those that did not come in time say their own
-        tag = "" if len(ranks) == 1 and len(lines) == size else f" (rank{'s' * (len(where) > 1)} "
-        tag += f"{','.join(map(str, where))})" if tag else ""
+        tag = f" (rank{'s' * (len(where) > 1)} {','.join(map(str, where))})" if named else ""
         print(said + tag, file=sys.stderr, flush=True)
     for r in lines:
         if r != 0:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from refdl.cli import Parser
@@ -206,6 +207,21 @@ ARG_VALUES = {
 # What each mode of --results reads; any other flag off its default is refused.
 CONTROL_OPTIONS = ("results", "control", "report", "json", "scalars", "config", "set")
 RESULTS_OPTIONS = (*CONTROL_OPTIONS, "seeds", "seed_cache", "hw", "loss_rtol", "param_rtol")
+LOG_ONLY = ("report", "config", "set", "scalars", "seed_cache", "seeds", "hw")
+TORCH_ONLY = ("plant_bug", "perturb", "torch_batchnorm")
+
+
+def _given(args: argparse.Namespace) -> list[str]:
+    """The options set off the parser's defaults (their dests)."""
+    parser = build_parser()
+    return [a.dest for a in parser._actions
+            if a.dest != "help" and getattr(args, a.dest) != a.default]  # fmt: skip
+
+
+def _first(given: list[str], keys: Iterable[str]) -> str | None:
+    """The first of ``keys`` given, as its flag's words (``seed_cache`` -> ``seed-cache``)."""
+    key = next((k for k in keys if k in given), None)
+    return key and key.replace("_", "-")
 
 
 def _fp64_only() -> UsageError:
@@ -231,12 +247,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.torch_muon_ns != "bf16" and args.optimizer != "muon":
         raise UsageError("--torch-muon-ns sets torch.optim.Muon's Newton-Schulz; add "
                          "--optimizer muon, or drop it")  # fmt: skip
-    if args.framework != "torch":  # what only the PyTorch side has
-        torch_only = {"plant_bug": None, "perturb": 0.0, "torch_batchnorm": "composite"}
-        for key, default in torch_only.items():
-            if getattr(args, key) != default:
-                raise UsageError(f"--{key.replace('_', '-')} changes PyTorch's side; "
-                                 f"--framework {args.framework} has none, drop it")  # fmt: skip
+    given = _given(args)  # the options set off their defaults
+    if args.framework != "torch" and (key := _first(given, TORCH_ONLY)):
+        raise UsageError(f"--{key} changes PyTorch's side; --framework {args.framework} has "
+                         "none, drop it")  # fmt: skip
     if args.export_start and (args.results or args.control):
         raise UsageError("--export-start writes refdl's start for another run, and checks "
                          "nothing; give it alone, or drop it to check --results")  # fmt: skip
@@ -247,18 +261,11 @@ def check_args(args: argparse.Namespace) -> None:
             if args.control
             else "--results: the log's settings (or --config, --set) say what is rerun"
         )
-        defaults = {a.dest: a.default for a in build_parser()._actions if a.dest != "help"}
-        for key, default in defaults.items():
-            if key not in allowed and getattr(args, key) != default:
-                raise UsageError(f"--{key.replace('_', '-')} does nothing with {why}; "
-                                 "drop it")  # fmt: skip
-    if not args.results:  # the options of a log's check would change nothing
-        defaults = {"seeds": 10, "hw": "local"}
-        for key in ("report", "config", "set", "scalars", "seed_cache", "seeds", "hw"):
-            if getattr(args, key) != defaults.get(key):
-                raise UsageError(f"--{key.replace('_', '-')} is an option of --results "
-                                 "LOG (checking a framework's log); add --results, or drop "
-                                 "it")  # fmt: skip
+        if key := _first(given, [k for k in given if k not in allowed]):
+            raise UsageError(f"--{key} does nothing with {why}; drop it")
+    elif key := _first(given, LOG_ONLY):  # the options of a log's check would change nothing
+        raise UsageError(f"--{key} is an option of --results LOG (checking a framework's "
+                         "log); add --results, or drop it")  # fmt: skip
     if args.report:
         writable_folder(args.report, "--report")
     if args.export_start:
