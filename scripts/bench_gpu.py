@@ -7,6 +7,8 @@ whole training step (forward, backward, optimizer update) of
 - the shape-only paper models at their papers' batch sizes (``paper``),
 - refdl's transformer at GPT-2 small shape and larger ones (``gpt``): tokens/s
   and model FLOP utilisation against the card's bf16 peak,
+- refdl's transformer at two shapes over every batch of ``SWEEP``, sequence 2,048
+  (``sweep``, issue 52: the price of a microbatch's size),
 
 in fp32 and in bf16 (fp32 master weights; parameters and inputs cast to bf16 for
 the forward and backward passes; the loss in fp32). Memory is XLA's compiled plan
@@ -63,6 +65,19 @@ GPT = {
     "gpt2-large": (36, 1280, 20, (16, 8)),
     "gpt2-xl": (48, 1600, 25, (8, 4)),
 }
+# Micro-batch sweeps (issue 52: a microbatch's size has a price): every batch of each
+# shape is timed at sequence 2,048, so the per-sequence time's fall with the batch can be
+# set beside ``refdl predict --model-shape``'s.
+SWEEP = {
+    "d2048-l8": (8, 2048, 16, (1, 2, 4, 8, 16)),
+    "d4096-l4": (4, 4096, 32, (1, 2, 4, 8)),
+}
+SWEEP_SEQ = 2048
+# The same, one microbatch of a gradient-accumulated step (``microbatch``): no optimizer.
+MICROBATCH = {
+    "d2048-l8": (8, 2048, 16, (1, 2, 4, 8)),
+    "d1024-l8": (8, 1024, 16, (1, 4)),
+}
 BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
@@ -88,6 +103,28 @@ def own_step(task, dtype):
         )
         new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, state.model_state)
         return task.apply_gradients(state, grads, new_state), loss
+
+    return step
+
+
+def accumulate_step(task, dtype):
+    """One microbatch of a gradient-accumulated step: forward, backward and the
+    gradients added to an fp32 buffer, no optimizer update (state: params, model
+    state, buffer)."""
+    loss_of = LOSSES.get(task.loss)
+
+    def loss_fn(params, model_state, batch):
+        x = cast_floats(batch["x"], dtype)
+        out, new_state = task.model.apply(cast_floats(params, dtype), model_state, x, train=True)
+        return loss_of(out.astype(jnp.float32), batch["y"]), new_state
+
+    def step(state, batch):
+        params, model_state, acc = state
+        (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, model_state, batch
+        )
+        new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, model_state)
+        return (params, new_state, jax.tree.map(jnp.add, acc, grads)), loss
 
     return step
 
@@ -182,7 +219,7 @@ def own_case(name: str, dtype, batch_size: int, model_opts=(), data_opts=(), dat
     batch = jax.device_put(data.train_batch(np.arange(batch_size)))
     state = task.init_state(0)
     n_params = sum(int(a.size) for a in jax.tree.leaves(state.params))
-    return own_step(task, dtype), state, batch, n_params, data.info
+    return own_step(task, dtype), state, batch, n_params, data.info, task
 
 
 def paper_case(name: str, dtype, batch_size: int):
@@ -298,13 +335,16 @@ def main(argv=None) -> int:
                 measure("paper", name, dn, b,
                         lambda name=name, dt=dt, b=b: paper_case(name, dt, b))  # fmt: skip
 
-    def run_gpt():
-        seq, vocab = (64, 512) if args.quick else (1024, 50257)
-        shapes = {"tiny": (2, 64, 4, (2,))} if args.quick else GPT
+    def run_gpt(group="gpt"):
+        sweep = group in ("sweep", "microbatch")
+        seq, vocab = (64, 512) if args.quick else (SWEEP_SEQ if sweep else 1024, 50257)
+        tiny = {"tiny": (2, 64, 4, (2, 1) if sweep else (2,))}
+        table = {"sweep": SWEEP, "microbatch": MICROBATCH}.get(group, GPT)
+        shapes = tiny if args.quick else table
         fits = {}
         for shape, (layers, d, heads, batches) in shapes.items():
             for b in batches:
-                if fits.get(shape):
+                if fits.get(shape) and not sweep:
                     break
                 opts = (
                     ("d_model", str(d)),
@@ -318,11 +358,16 @@ def main(argv=None) -> int:
                     ("vocab", str(vocab)),
                     ("size", "64"),
                 )
-                row = {"group": "gpt", "model": shape, "dtype": "bf16", "batch": b, "seq_len": seq}
+                row = {"group": group, "model": shape, "dtype": "bf16", "batch": b, "seq_len": seq}
+                row.update(layers=layers, d_model=d, heads=heads)
                 try:
-                    step, state, batch, n, _ = own_case(
+                    step, state, batch, n, _, task = own_case(
                         "transformer", jnp.bfloat16, b, opts, dopts, "synthetic"
                     )
+                    if group == "microbatch":
+                        state = (state.params, state.model_state,
+                                 jax.tree.map(jnp.zeros_like, state.params))  # fmt: skip
+                        step = accumulate_step(task, jnp.bfloat16)
                     emb = vocab * d + seq * d  # token and position tables: lookups
                     r, _ = time_steps(step, state, batch, min_s, reps)
                     tok_s = b * seq / r["step_time_s"]
@@ -337,7 +382,9 @@ def main(argv=None) -> int:
                 record(row)
                 jax.clear_caches()
 
-    groups = {"own": run_own, "paper": run_paper, "gpt": run_gpt}
+    groups = {"own": run_own, "paper": run_paper, "gpt": run_gpt,
+              "sweep": lambda: run_gpt("sweep"),
+              "microbatch": lambda: run_gpt("microbatch")}  # fmt: skip
     for g in only:
         groups[g]()
     (out / "gpu_steps.json").write_text(json.dumps(doc, indent=1))  # also when none matched

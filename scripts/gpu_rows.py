@@ -55,6 +55,8 @@ def usable(case: dict) -> str:
         return "no time (" + case.get("error", "not timed")[:60] + ")"
     if case["group"] == "own":
         return "refdl's own small model: launch-bound"
+    if case["group"] in ("sweep", "microbatch"):
+        return "a shape of its own (scripts/bench_microbatch.py sets it beside predict)"
     if case["group"] == "gpt":
         if case["model"] != "gpt2-small":
             return "no shape-only model of this GPT size"
