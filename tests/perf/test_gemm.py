@@ -51,7 +51,37 @@ def test_the_bench_fits_on_the_p100_and_reports_the_held_out_v100(tmp_path):
     assert min(m["heldout fp16"]["p90_abs_error"] for m in (roof, waves)) > 0.4
     # the step prices products with exactly the roofline's fitted figures
     assert roof["figures"] == {"fraction": gemm.STEP.fraction, "latency_s": gemm.STEP.latency_s,
-                               "decay": 0.0}  # fmt: skip
+                               "decay": 0.0, "unaligned": 1.0}  # fmt: skip
+    # the third generation, measured on a lent H200: the P100's figures miss its bf16
+    # products by 71 % (median; a 22.6 us latency against Hopper's 3 us), its own figures
+    # from half the shapes predict the other half within 12.2 %, 36 % without the rule
+    # that a dimension of no whole 16 bytes keeps a quarter of the Tensor Cores' rate
+    hop = got["hopper"]["models"]["roofline"]
+    assert hop["hopper bf16"]["rows"] == 160 and hop["hopper bf16"]["median_abs_error"] > 0.6
+    assert hop["hopper fit bf16 odd"]["rows"] == 80
+    assert hop["hopper fit bf16 odd"]["median_abs_error"] < 0.13
+    assert hop["hopper fit bf16 odd, one rate"]["median_abs_error"] > 0.3
+    assert hop["figures bf16"]["latency_s"] < 3e-6 < gemm.STEP.latency_s / 7
+    assert 0.2 <= hop["figures bf16"]["unaligned"] <= 0.3
+    assert hop["figures fp32"]["unaligned"] == 1.0  # no Tensor Core: no such rule fitted
+    assert hop["hopper fit fp32 odd"]["median_abs_error"] < 0.07
+    # the attention core: refdl's uniform rate prices short sequences 1.85x fast and
+    # long ones 1.7x slow (forward and backward)
+    ratios = [r["ratio"] for r in got["attention"]["rows"] if r["pass"] != "forward"]
+    assert len(ratios) == 12 and min(ratios) < 0.56 and max(ratios) > 1.7
+
+
+def test_fit_finds_the_figures_and_the_unaligned_share_it_was_made_with():
+    dev = gemm.Device(peak=989e12, bandwidth=4.8e12, sms=132)
+    truth = gemm.Figures(fraction=0.7, latency_s=1e-6 * 2 ** (3 / 2), unaligned=0.3)
+    shapes = [(m, n, k) for m in (1024, 4096, 7133) for n in (16, 512, 8192) for k in (1024, 4100)]
+    rows = [(m, n, k, 2, dev, gemm.roofline_s(m, n, k, 2, dev, truth)) for m, n, k in shapes]
+    assert gemm.aligned(1024, 512, 1024, 2) and not gemm.aligned(7133, 512, 1024, 2)
+    assert gemm.aligned(4100, 16, 16, 4) and not gemm.aligned(4100, 16, 16, 2)
+    assert gemm.fit("roofline", rows, tensor_cores=True) == truth
+    # without the rule, one rate for all: the unaligned rows drag the fraction down
+    plain = gemm.fit("roofline", rows)
+    assert plain.unaligned == 1.0 and plain.fraction < truth.fraction
 
 
 MOE = {  # Mixtral 8x7B's shape, and DeepSeek-V3's (latent attention, shared experts)

@@ -11,6 +11,9 @@
   Background" guide); a tile of ``a`` elements runs at ``(a / 128^2)^decay`` of a
   128x128 tile's rate (at most 1), and the fastest tile and split are taken.
 
+In both, a product with a dimension of no whole 16 bytes runs at ``unaligned`` of the
+rate where Tensor Cores would run it (measured on a lent H200: a quarter in bf16).
+
 ``scripts/bench_gemm_shapes.py`` fits each model's figures to the calibration rows of
 DeepBench's per-shape GEMMs (``docs/published/gemm_deepbench.csv``) and judges them on
 the held-out rows. ``roofline`` predicted the held-out generation better, so a
@@ -18,7 +21,9 @@ transformer's step uses it (``step_overhead_s``, with ``STEP``'s figures): what 
 matrix products, at their shapes on one device, take beyond their arithmetic at
 ``STEP.fraction`` of peak - a kernel's latency each, and the memory-bound excess of
 small products. That excess is what gives a microbatch's size (and a tensor-parallel
-degree) a price of its own (docs/performance-model.md).
+degree) a price of its own (docs/performance-model.md). ``STEP`` keeps the P100's
+figures (no Tensor Core, ``unaligned`` 1): on a step's scale its latency also carries a
+layer's other kernels (refdl's own H200 step, ``scripts/bench_microbatch.py``).
 """
 
 from __future__ import annotations
@@ -50,11 +55,21 @@ class Device:
 
 @dataclasses.dataclass(frozen=True)
 class Figures:
-    """A model's fitted figures: fraction of peak, a kernel's latency, tile decay."""
+    """A model's fitted figures: fraction of peak, a kernel's latency, tile decay, and the
+    share of that rate a product keeps when a dimension is not ``ALIGN`` bytes whole
+    (``unaligned``: 1 where no Tensor Core runs it)."""
 
     fraction: float
     latency_s: float
     decay: float = 0.0
+    unaligned: float = 1.0
+
+
+# Tensor Cores take rows of whole 16-byte units (NVIDIA's "Matrix Multiplication
+# Background" guide: dimensions multiple of 8 in fp16); cuBLAS runs any other product on
+# slower kernels - on the H200 measured here, DeepBench's 32 bf16 shapes with an odd
+# dimension ran at 0.23 of peak (median of the large ones), the aligned at 0.70.
+ALIGN = 16
 
 
 # ``roofline``'s figures fitted to DeepBench's 160 P100 GEMMs (2017) and judged on the same
@@ -68,15 +83,25 @@ def memory_s(m: int, n: int, k: int, width: int, dev: Device) -> float:
     return (m * k + k * n + m * n) * width / (dev.bandwidth * MEMORY)
 
 
+def aligned(m: int, n: int, k: int, width: int) -> bool:
+    """Whether every dimension of the product is whole ``ALIGN``-byte units."""
+    return all(x * width % ALIGN == 0 for x in (m, n, k))
+
+
+def rate_share(m: int, n: int, k: int, width: int, f: Figures) -> float:
+    """The share of ``f.fraction`` of peak the product's arithmetic runs at."""
+    return 1.0 if f.unaligned == 1.0 or aligned(m, n, k, width) else f.unaligned
+
+
 def roofline_s(m: int, n: int, k: int, width: int, dev: Device, f: Figures) -> float:
     """``roofline``'s time of an ``m x k`` by ``k x n`` product."""
-    return f.latency_s + max(2.0 * m * n * k / (dev.peak * f.fraction),
-                             memory_s(m, n, k, width, dev))  # fmt: skip
+    rate = dev.peak * f.fraction * rate_share(m, n, k, width, f)
+    return f.latency_s + max(2.0 * m * n * k / rate, memory_s(m, n, k, width, dev))
 
 
 def waves_s(m: int, n: int, k: int, width: int, dev: Device, f: Figures) -> float:
     """``waves``'s time: the fastest tile and split-K, in whole waves over the SMs."""
-    per_sm = dev.peak * f.fraction / dev.sms
+    per_sm = dev.peak * f.fraction * rate_share(m, n, k, width, f) / dev.sms
     best = math.inf
     for tm, tn in TILES:
         rate = per_sm * min(1.0, (tm * tn / 128**2) ** f.decay)
@@ -92,20 +117,35 @@ def gemm_s(model: str, m: int, n: int, k: int, width: int, dev: Device, f: Figur
     return (waves_s if model == "waves" else roofline_s)(m, n, k, width, dev, f)
 
 
-def fit(model: str, rows: list[tuple[int, int, int, int, Device, float]]) -> Figures:
+def _loss(model: str, rows: list[tuple], f: Figures) -> float:
+    return sum(math.log(gemm_s(model, m, n, k, w, dev, f) / t) ** 2
+               for m, n, k, w, dev, t in rows)  # fmt: skip
+
+
+def fit(
+    model: str, rows: list[tuple[int, int, int, int, Device, float]], tensor_cores: bool = False
+) -> Figures:
     """The figures of ``model`` that fit ``rows`` (m, n, k, width, device, seconds) best:
-    least squares on log time over a grid, so the fit is reproducible."""
+    least squares on log time over a grid, so the fit is reproducible. With
+    ``tensor_cores`` the aligned rows fit the figures and the others then ``unaligned``
+    alone; without, every row fits them and ``unaligned`` stays 1."""
     decays = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5) if model == "waves" else (0.0,)
+    first = [r for r in rows if aligned(*r[:4])] if tensor_cores else rows
     best = None
-    for frac in [x / 100 for x in range(60, 101, 2)]:
+    for frac in [x / 100 for x in range(40, 101, 2)]:
         for lat in [1e-6 * 2 ** (j / 2) for j in range(0, 11)]:
             for d in decays:
                 f = Figures(frac, lat, d)
-                loss = sum(math.log(gemm_s(model, m, n, k, w, dev, f) / t) ** 2
-                           for m, n, k, w, dev, t in rows)  # fmt: skip
+                loss = _loss(model, first, f)
                 if best is None or loss < best[0]:
                     best = (loss, f)
-    return best[1]
+    f = best[1]
+    rest = [r for r in rows if not aligned(*r[:4])] if tensor_cores else []
+    if rest:
+        shares = [x / 100 for x in range(5, 101, 5)]
+        share = min(shares, key=lambda u: _loss(model, rest, dataclasses.replace(f, unaligned=u)))
+        f = dataclasses.replace(f, unaligned=share)
+    return f
 
 
 def applies(device_name: str) -> bool:
