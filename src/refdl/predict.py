@@ -339,7 +339,7 @@ def _step_main(argv: list[str]) -> int:
                              f"decentralized's top-k messages; not --strategy "
                              f"{args.strategy}")  # fmt: skip
         _check_options(args, traits)
-        _check_transformer_options(args, model)
+        _check_transformer_options(args, model, traits.cost)
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits.axes else 1)
@@ -445,7 +445,30 @@ TRANSFORMER_OPTIONS = ("remat", "attention", "compute", "grad_reduce", "sequence
                        "cp", "stage_boundaries")  # fmt: skip
 
 
-def _check_transformer_options(args: argparse.Namespace, model: str) -> None:
+# The transformer options a cost formula takes no account of: why, and the mesh axis that
+# gives the same layout to the mesh formula (``transformer_step``), which prices them.
+# data, fsdp, pipeline, ps and decentralized price a transformer from its totals.
+_WHOLE = "takes a transformer's activations whole, scores or not"
+_FP32 = "reduces fp32 gradients, as refdl's strategy does"
+_NONE = "reduces no gradients (no data or fsdp axis)"
+UNPRICED = {
+    ("attention", "data_parallel"): (_WHOLE, "data"),
+    ("attention", "zero_sharding"): (_WHOLE, "fsdp"),
+    ("attention", "pipeline"): (_WHOLE, "pipe"),
+    ("attention", "parameter_server"): (_WHOLE, None),
+    ("attention", "gossip"): (_WHOLE, None),
+    ("attention", "context"): ("keeps no attention scores either way (a context axis)", None),
+    ("grad_reduce", "data_parallel"): (_FP32, "data"),
+    ("grad_reduce", "zero_sharding"): (_FP32, "fsdp"),
+    ("grad_reduce", "parameter_server"): (_FP32, None),
+    ("grad_reduce", "gossip"): (_FP32, None),
+    ("grad_reduce", "pipeline"): (_NONE, None),
+    ("grad_reduce", "one_device"): (_NONE, None),
+    ("grad_reduce", "tensor"): (_NONE, None),
+}
+
+
+def _check_transformer_options(args: argparse.Namespace, model: str, formula: str) -> None:
     from refdl.perf.model_cost import model_cost
 
     defaults = _step_parser()
@@ -454,6 +477,13 @@ def _check_transformer_options(args: argparse.Namespace, model: str) -> None:
         raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's layers, and "
                          f"{model} is priced by its compiled step, which has no such term; "
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
+    for k in given:
+        why, axis = UNPRICED.get((k, formula), (None, None))
+        if why:
+            instead = (f", or give the layout as a mesh (--strategy hybrid --mesh {axis}=N), "
+                       "whose formula prices it" if axis else "")  # fmt: skip
+            raise UsageError(f"--{k.replace('_', '-')} changes nothing for --strategy "
+                             f"{args.strategy}, which {why}; drop it{instead}")  # fmt: skip
 
 
 def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3) -> str:

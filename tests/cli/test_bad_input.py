@@ -393,6 +393,16 @@ UNUSED = [
     ("collective: 1e30 bytes", "refdl.predict", ["collective", "--hw", "p100-nvlink", "--workers",
                                                  "4", "--bytes", "1e30"],
      "--bytes must be a finite number >= 0 and <= 1e+18"),
+    ("predict: unfused attention under data", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt2", "--strategy", "data", "--workers", "8",
+      "--attention", "unfused"],
+     "--attention changes nothing for --strategy data, which takes a transformer's activations "
+     "whole, scores or not; drop it, or give the layout as a mesh (--strategy hybrid --mesh "
+     "data=N), whose formula prices it"),
+    ("predict: a gradient precision on one device", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt2", "--strategy", "single", "--workers", "1",
+      "--grad-reduce", "compute"],
+     "--grad-reduce changes nothing for --strategy single, which reduces no gradients"),
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),
