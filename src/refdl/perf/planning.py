@@ -153,6 +153,11 @@ def plan_configurations(
     device = profile.need_device()
     for p in precisions or ():
         profile.dtype_for(p)  # one line where the device has no such precision
+    if memory_limit is not None and memory_limit > device.memory_bytes:
+        raise UsageError(f"--memory-limit {memory_limit / 1e9:.4g} GB is above the "
+                         f"{device.name}'s {device.memory_bytes / 1e9:.4g} GB: no plan "
+                         "could run there; give at most that, or a profile of the larger "
+                         "card")  # fmt: skip
     limit = memory_limit if memory_limit is not None else device.memory_bytes
     cost = model_of(model, seq_len)
     if lossy and cost.transformer is not None:
