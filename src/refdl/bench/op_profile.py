@@ -50,6 +50,11 @@ def run(model: str, profile: str = "local", batch: int = 64, steps: int = 20) ->
     if not 1 <= steps <= 10_000:  # (each is timed and profiled: 10,000 is hours here)
         raise UsageError(f"--steps {steps}: give 1 to 10000 steps to profile")
     prof = hw.load(profile)
+    if not prof.need_device().ops:  # a GPU's datasheet: nothing to set beside this CPU's ops
+        raise UsageError(f"--hw {profile} has no per-operation rates ([device.ops], which "
+                         "`refdl hw calibrate` measures on a machine): op-profile times "
+                         "this machine's operations; give local or a profile calibrated "
+                         "here")  # fmt: skip
     from refdl.config.spec import RunSpec  # (JAX: after a mistaken flag is answered)
     from refdl.hw.calibrate.in_step import traced_ops
     from refdl.perf.costs import host_work
