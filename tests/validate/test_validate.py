@@ -409,3 +409,21 @@ def test_a_logs_momentum_beside_adam_is_warned_of_not_refused():
     heavy = {"model": "mlp", "optimizer": "momentum", "momentum": 0.5}
     assert _spec(heavy, 5).momentum == 0.5 and not declared(heavy)[1]
     assert _spec({"model": "lstm_lm", "momentum": 0.5}, 5).momentum == 0.9  # its own: adam
+
+
+@pytest.mark.slow  # 25 s: six models built and converted (the suite's 15 min)
+def test_the_models_said_to_hold_a_batchnorm_are_those_whose_twin_holds_one():
+    # validate refuses --torch-batchnorm native for the others: the list must be the truth
+    from refdl.config.spec import RunSpec
+    from refdl.run.build import build
+    from refdl.validate.exact import BATCHNORM_MODELS, COVERS
+
+    held = []
+    for model in COVERS["torch"][1]:
+        run = build(RunSpec(model=model, progress=False))
+        state = run.task.init_state(0)
+        plan = A.ModelPlan.of(run.task.model, run.task.sample_x)
+        module = plan.build(A.flatten(state.params))
+        if any(isinstance(m, torch.nn.BatchNorm2d) for m in module.modules()):
+            held.append(model)
+    assert tuple(held) == BATCHNORM_MODELS == ("resnet",)

@@ -47,6 +47,8 @@ COVERS = {
     "tensorflow": (("single", "data", "ps"), ("mlp", "lenet5", "lstm_lm")),
     "mxnet": (("single", "data", "ps"), ("mlp", "lenet5")),
 }
+# The models whose PyTorch twin holds a BatchNorm (--torch-batchnorm chooses which one).
+BATCHNORM_MODELS = ("resnet",)
 
 
 def twin_of(fw: str, strategy: str) -> str:
@@ -277,6 +279,9 @@ def check_coverage(args: Request) -> None:
         mesh = args.mesh.on(args.devices or 2) if args.mesh else None
         bug = None if args.plant_bug in MUON_BUGS else args.plant_bug
         adapter.check_twin(twin, args.model, mesh, bug)
+        if args.torch_batchnorm == "native" and args.model not in BATCHNORM_MODELS:
+            raise UsageError(f"--torch-batchnorm chooses PyTorch's BatchNorm, and --model "
+                             f"{args.model} has none; drop it")  # fmt: skip
         if twin == "data" and args.torch_batchnorm == "native":
             raise UsageError(adapter.NATIVE_DDP_REFUSED)  # before the reference run
         if args.workers is not None and not traits.replicas:
