@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             ties=args.ties, lossy=args.lossy, compute=args.compute,
             grad_reduce=args.grad_reduce,
         )  # fmt: skip
+        if record["memory_limit_note"]:
+            print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
         if not record["configurations"]:
             raise UsageError(
                 f"no configuration of {args.model} fits {args.devices} devices of "

@@ -339,7 +339,7 @@ def _step_main(argv: list[str]) -> int:
                              f"decentralized's top-k messages; not --strategy "
                              f"{args.strategy}")  # fmt: skip
         _check_options(args, traits)
-        _check_transformer_options(args, model, traits.cost)
+        _check_transformer_options(args, model, traits.cost, workers)
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=(4 if "pipe" in traits.axes else 1)
@@ -457,7 +457,7 @@ UNPRICED = {
     ("attention", "pipeline"): (_WHOLE, "pipe"),
     ("attention", "parameter_server"): (_WHOLE, None),
     ("attention", "gossip"): (_WHOLE, None),
-    ("attention", "context"): ("keeps no attention scores either way (a context axis)", None),
+    ("attention", "context"): ("keeps no attention scores on more than one rank", None),
     ("grad_reduce", "data_parallel"): (_FP32, "data"),
     ("grad_reduce", "zero_sharding"): (_FP32, "fsdp"),
     ("grad_reduce", "parameter_server"): (_FP32, None),
@@ -468,7 +468,9 @@ UNPRICED = {
 }
 
 
-def _check_transformer_options(args: argparse.Namespace, model: str, formula: str) -> None:
+def _check_transformer_options(
+    args: argparse.Namespace, model: str, formula: str, workers: list[int]
+) -> None:
     from refdl.perf.model_cost import model_cost
 
     defaults = _step_parser()
@@ -479,9 +481,12 @@ def _check_transformer_options(args: argparse.Namespace, model: str, formula: st
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
     for k in given:
         why, axis = UNPRICED.get((k, formula), (None, None))
+        if formula == "context" and min(workers) == 1:  # one rank: no context axis, scores
+            why = None
         if why:
-            instead = (f", or give the layout as a mesh (--strategy hybrid --mesh {axis}=N), "
-                       "whose formula prices it" if axis else "")  # fmt: skip
+            mesh = f"--strategy hybrid --mesh {axis}=N --microbatches 1"
+            instead = (f", or price a comparable layout as a mesh ({mesh}), whose formula "
+                       "takes it" if axis else "")  # fmt: skip
             raise UsageError(f"--{k.replace('_', '-')} changes nothing for --strategy "
                              f"{args.strategy}, which {why}; drop it{instead}")  # fmt: skip
 

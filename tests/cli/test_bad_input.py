@@ -397,16 +397,12 @@ UNUSED = [
      ["--hw", "h100-nvlink", "--model", "gpt2", "--strategy", "data", "--workers", "8",
       "--attention", "unfused"],
      "--attention changes nothing for --strategy data, which takes a transformer's activations "
-     "whole, scores or not; drop it, or give the layout as a mesh (--strategy hybrid --mesh "
-     "data=N), whose formula prices it"),
+     "whole, scores or not; drop it, or price a comparable layout as a mesh (--strategy hybrid "
+     "--mesh data=N --microbatches 1), whose formula takes it"),
     ("predict: a gradient precision on one device", "refdl.predict",
      ["--hw", "h100-nvlink", "--model", "gpt2", "--strategy", "single", "--workers", "1",
       "--grad-reduce", "compute"],
      "--grad-reduce changes nothing for --strategy single, which reduces no gradients"),
-    ("plan: a memory limit above the card's", "refdl.plan",
-     ["--hw", "h100-nvlink", "--model", "gpt2", "--devices", "8", "--batch-size", "64",
-      "--memory-limit", "200e9"],
-     "--memory-limit 200 GB is above the H100 SXM's 80 GB: no plan could run there"),
     ("op-profile: a GPU's profile", "refdl.bench", ["op-profile", "--model", "mlp", "--hw",
                                                     "h100-nvlink"],
      "--hw h100-nvlink has no per-operation rates ([device.ops]"),

@@ -344,3 +344,20 @@ def test_the_pruning_bound_is_below_both_context_attentions():
         for cp in ("ring", "all-to-all"):
             step = planner.price(Config(mesh, precision="bf16", cp=cp)).step_time_s
             assert bound <= step * (1 + 1e-12), (compute, cp)
+
+
+def test_a_memory_limit_above_the_profiles_card_is_taken_and_said():
+    # 80 GiB on the H100 profile's 80 GB (nvidia-smi's figure), or a larger card priced on
+    # its sibling's profile: the plans use it, and a note says so (not a refusal)
+    from refdl.perf.planning import plan_configurations
+
+    record, _ = plan_configurations("h100-nvlink", "gpt2", 8, 64, strategies=declared_traits(),
+                                    top=1, memory_limit=80 * 2**30)  # fmt: skip
+    assert record["memory_limit_bytes"] == 80 * 2**30
+    assert record["memory_limit_note"] == (
+        "--memory-limit 85.9 GB is above the H100 SXM's 80 GB in h100-nvlink: the plans "
+        "assume a card with that memory"
+    )
+    at_card, _ = plan_configurations("h100-nvlink", "gpt2", 8, 64, strategies=declared_traits(),
+                                     top=1)  # fmt: skip
+    assert at_card["memory_limit_note"] is None and at_card["memory_limit_bytes"] == 80e9

@@ -360,3 +360,19 @@ def test_fsdp_gathers_for_every_microbatch_without_pipe_and_once_a_step_with_it(
     latency = 15 * inter.alpha + 1 * intra.alpha  # one collective's, both levels
     units = 96 + 1  # a unit a layer, and the embedding's: 2 gathers + 1 reduce-scatter each
     assert t["fsdp"].time_s == pytest.approx(bandwidth + (3 * units - 1) * latency)
+
+
+def test_unfused_attention_is_priced_by_context_on_one_rank_and_refused_on_more(capsys):
+    # one context rank keeps the scores like one device; on more, ring attention keeps none
+    from refdl import predict
+
+    base = ["--hw", "h100-nvlink", "--model-shape", "layers=8,d_model=2048,heads=16",
+            "--seq-len", "2048", "--batch-size", "8", "--strategy", "context",
+            "--json"]  # fmt: skip
+    mem = {}
+    for attention in ("fused", "unfused"):
+        assert predict.main([*base, "--workers", "1", "--attention", attention]) == 0
+        mem[attention] = json.loads(capsys.readouterr().out)[0]["memory_bytes"]
+    assert mem["unfused"] > 2 * mem["fused"]
+    assert predict.main([*base, "--workers", "2", "--attention", "unfused"]) == 2
+    assert "keeps no attention scores on more than one rank" in capsys.readouterr().err

@@ -153,12 +153,12 @@ def plan_configurations(
     device = profile.need_device()
     for p in precisions or ():
         profile.dtype_for(p)  # one line where the device has no such precision
-    if memory_limit is not None and memory_limit > device.memory_bytes:
-        raise UsageError(f"--memory-limit {memory_limit / 1e9:.4g} GB is above the "
-                         f"{device.name}'s {device.memory_bytes / 1e9:.4g} GB: no plan "
-                         "could run there; give at most that, or a profile of the larger "
-                         "card")  # fmt: skip
     limit = memory_limit if memory_limit is not None else device.memory_bytes
+    # a limit above the profile's card (80 GiB on an 80 GB profile, or a larger card priced
+    # on its sibling's profile) is taken, and said
+    note = (f"--memory-limit {limit / 1e9:.4g} GB is above the {device.name}'s "
+            f"{device.memory_bytes / 1e9:.4g} GB in {profile.name}: the plans assume a card "
+            "with that memory" if limit > device.memory_bytes else None)  # fmt: skip
     cost = model_of(model, seq_len)
     if lossy and cost.transformer is not None:
         raise UsageError(f"--lossy prices data's compressed exchanges for models priced by "
@@ -187,6 +187,9 @@ def plan_configurations(
         "global_batch": batch_size,
         "seq_len": cost.transformer.seq if transformer else None,
         "memory_limit_bytes": limit,
+        # a limit above the profile's card (80 GiB on an 80 GB profile, or a larger card
+        # priced on its sibling's profile) is taken, and said
+        "memory_limit_note": note,
         "priced": result.priced,
         "meshes": result.meshes,
         "did_not_fit": result.too_big,
