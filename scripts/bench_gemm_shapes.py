@@ -73,6 +73,29 @@ def hopper_rows(path: Path) -> list[dict]:
     return out
 
 
+def alignment(rows: list[dict], least: float = 1e10) -> dict:
+    """Per dtype: how many products have a dimension of no whole 16 bytes, and the median
+    fraction of peak of the aligned and the other products of at least ``least`` FLOP."""
+    out = {}
+    for p in HOPPER_DTYPE:
+        sel = [r for r in rows if r["precision"] == p]
+        split = {True: [], False: []}
+        for r in sel:
+            flops = 2.0 * r["m"] * r["n"] * r["k"]
+            if flops >= least:
+                share = flops / r["seconds"] / r["device"].peak
+                split[gemm.aligned(r["m"], r["n"], r["k"], r["width"])].append(share)
+        out[p] = {"unaligned": sum(not gemm.aligned(r["m"], r["n"], r["k"], r["width"])
+                                   for r in sel),
+                  "least_flops": least,
+                  "aligned_fraction_of_peak": median(split[True]),
+                  "unaligned_fraction_of_peak": median(split[False])}  # fmt: skip
+        print(f"{p}: {out[p]['unaligned']} of {len(sel)} products unaligned; of those of "
+              f">= {least:.0e} FLOP, aligned {out[p]['aligned_fraction_of_peak']:.3f} of "
+              f"peak, unaligned {out[p]['unaligned_fraction_of_peak']:.3f}")  # fmt: skip
+    return out
+
+
 def attention(path: Path) -> dict:
     """The fused attention core measured on the H200 beside refdl's price of it: its FLOPs
     (the full ``4 b s^2 h d`` a pass, as refdl counts them, backward twice the forward)
@@ -162,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"unaligned {own.unaligned}"
             )
         doc["hopper"]["models"][model] = hres
+    doc["hopper"]["alignment"] = alignment(hopper)
     doc["attention"] = attention(ATTENTION)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -8,13 +8,14 @@ whole training step (forward, backward, optimizer update) of
 - refdl's transformer at GPT-2 small shape and larger ones (``gpt``): tokens/s
   and model FLOP utilisation against the card's bf16 peak,
 - refdl's transformer at two shapes over every batch of ``SWEEP``, sequence 2,048
-  (``sweep``, issue 52: the price of a microbatch's size),
+  (``sweep``, issue 52: the price of a microbatch's size), and one microbatch of a
+  gradient-accumulated step over ``MICROBATCH``'s (``microbatch``: no optimizer update),
 
 in fp32 and in bf16 (fp32 master weights; parameters and inputs cast to bf16 for
 the forward and backward passes; the loss in fp32). Memory is XLA's compiled plan
 (arguments + outputs + temporaries - aliases) and the allocator's peak.
 
-    python scripts/bench_gpu.py --out DIR [--only own,paper,gpt] [--quick]
+    python scripts/bench_gpu.py --out DIR [--only own,paper,gpt,sweep,microbatch] [--quick]
         [--append docs/bench/gpu/gpu_steps-DATE.json]
 
 Writes ``DIR/gpu_steps.json`` after every case, so a run cut short keeps what it
@@ -375,6 +376,7 @@ def main(argv=None) -> int:
                     row.update(params=n, tokens_per_s=tok_s, flops_per_token=fpt, **r)
                     if peak:
                         row["mfu"] = tok_s * fpt / peak
+                    # the process's peak so far: one case's own only in a fresh process
                     row["peak_bytes_in_use"] = (dev.memory_stats() or {}).get("peak_bytes_in_use")
                     fits[shape] = True
                 except Exception as e:

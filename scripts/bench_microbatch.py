@@ -15,7 +15,7 @@ memory; refdl has no H200 profile).
 
     .venv/bin/python scripts/bench_microbatch.py [docs/bench/gpu/gpu_steps-2026-11-28.json]
 
-Writes ``docs/bench/microbatch_price.json`` and prints the table (~20 s on 2 cores).
+Writes ``docs/bench/microbatch_price.json`` and prints the table (~2 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import argparse
 import contextlib
 import io
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -57,14 +59,19 @@ def predicted(case: dict) -> dict:
             "compute_shape_s": got["compute_shape_s"], "params": got["params"]}  # fmt: skip
 
 
-def line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares ``(fixed, per_sequence)`` of ``t = fixed + per_sequence x batch``."""
+def line(points: list[tuple[float, float]]) -> tuple[float, float, float | None]:
+    """Least-squares ``(fixed, per_sequence, fixed's standard error)`` of ``t = fixed +
+    per_sequence x batch`` (the error from the residuals; None through two points)."""
     n = len(points)
     mx = sum(b for b, _ in points) / n
     my = sum(t for _, t in points) / n
     sxx = sum((b - mx) ** 2 for b, _ in points)
     slope = sum((b - mx) * (t - my) for b, t in points) / sxx
-    return my - slope * mx, slope
+    fixed = my - slope * mx
+    if n < 3:
+        return fixed, slope, None
+    rss = sum((t - fixed - slope * b) ** 2 for b, t in points)
+    return fixed, slope, math.sqrt(rss / (n - 2) * (1 / n + mx * mx / sxx))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for group in ("sweep", "microbatch"):
         for model in dict.fromkeys(r["model"] for r in rows if r["group"] == group):
-            sel = [r for r in rows if r["group"] == group and r["model"] == model]
+            sel = sorted((r for r in rows if r["group"] == group and r["model"] == model),
+                         key=lambda r: r["batch"])  # fmt: skip
             if len(sel) < 2:
                 continue
-            mf, ms = line([(r["batch"], r["measured_s"]) for r in sel])
-            pf, ps = line([(r["batch"], r["step_time_s"]) for r in sel])
+            mf, ms, se = line([(r["batch"], r["measured_s"]) for r in sel])
+            pf, ps, _ = line([(r["batch"], r["step_time_s"]) for r in sel])
             first, last = sel[0], sel[-1]
 
             def ratio(k: str, first=first, last=last) -> float:
@@ -104,19 +112,21 @@ def main(argv: list[str] | None = None) -> int:
 
             lines.append({"group": group, "model": model,
                           "batches": [r["batch"] for r in sel],
-                          "measured_fixed_s": mf, "measured_per_sequence_s": ms,
+                          "measured_fixed_s": mf, "measured_fixed_se_s": se,
+                          "measured_per_sequence_s": ms,
                           "predicted_fixed_s": pf, "predicted_per_sequence_s": ps,
                           "measured_ratio_first_to_last": ratio("measured_s"),
                           "predicted_ratio_first_to_last": ratio("step_time_s")})  # fmt: skip
-            print(f"{group:10s} {model:9s} fixed {mf * 1e3:5.2f} ms measured, "
+            pm = f" +- {se * 1e3:.2f}" if se is not None else ""
+            print(f"{group:10s} {model:9s} fixed {mf * 1e3:5.2f}{pm} ms measured, "
                   f"{pf * 1e3:5.2f} predicted; per sequence {ms * 1e3:6.2f} / {ps * 1e3:6.2f} ms; "
                   f"a sequence at batch {first['batch']} over batch {last['batch']}: "
                   f"{ratio('measured_s'):.3f} measured, "
                   f"{ratio('step_time_s'):.3f} predicted")  # fmt: skip
     inside = sum(r["inside"] for r in rows)
-    errs = sorted(abs(r["error"]) for r in rows)
+    errs = [abs(r["error"]) for r in rows]
     summary = {"cases": len(rows), "inside": inside,
-               "median_abs_error": errs[len(errs) // 2] if errs else None}  # fmt: skip
+               "median_abs_error": statistics.median(errs) if errs else None}  # fmt: skip
     print(
         f"{inside} of {len(rows)} inside predict's 80 % interval; "
         f"median |error| {100 * summary['median_abs_error']:.1f} %"

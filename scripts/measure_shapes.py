@@ -6,7 +6,8 @@ Two parts, each in its own process (PyTorch's and JAX's allocators do not share 
   (``docs/published/gemm_deepbench.csv``, transposes as listed) in fp32 without TF32,
   fp32 with TF32 and bf16. Each is captured ``R`` times in a CUDA graph and replayed,
   so a small product's time is the kernel's, not Python's launch; the time of ``R``
-  calls launched one by one is kept beside it (``eager_ms``).
+  calls launched one by one is kept beside it (``eager_ms``). The same operands are
+  used each time, so a small product's matrices sit in the L2 cache, as DeepBench's did.
 - ``attention`` (JAX, the call refdl's transformer makes:
   ``jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")``): the
   fused attention core's forward and forward + backward in bf16 over sequence lengths

@@ -65,6 +65,13 @@ def test_the_bench_fits_on_the_p100_and_reports_the_held_out_v100(tmp_path):
     assert 0.2 <= hop["figures bf16"]["unaligned"] <= 0.3
     assert hop["figures fp32"]["unaligned"] == 1.0  # no Tensor Core: no such rule fitted
     assert hop["hopper fit fp32 odd"]["median_abs_error"] < 0.07
+    # the rule's ground: large bf16 products with a dimension of no whole 16 bytes ran at
+    # 0.22 of peak, the aligned at 0.70; in fp32, which no Tensor Core runs, alike
+    al = got["hopper"]["alignment"]
+    assert (al["bf16"]["unaligned"], al["tf32"]["unaligned"]) == (32, 22)
+    assert al["bf16"]["aligned_fraction_of_peak"] == pytest.approx(0.704, abs=0.001)
+    assert al["bf16"]["unaligned_fraction_of_peak"] == pytest.approx(0.224, abs=0.001)
+    assert al["fp32"]["unaligned_fraction_of_peak"] > 0.95 * al["fp32"]["aligned_fraction_of_peak"]
     # the attention core: refdl's uniform rate prices short sequences 1.85x fast and
     # long ones 1.7x slow (forward and backward)
     ratios = [r["ratio"] for r in got["attention"]["rows"] if r["pass"] != "forward"]

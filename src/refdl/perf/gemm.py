@@ -67,8 +67,10 @@ class Figures:
 
 # Tensor Cores take rows of whole 16-byte units (NVIDIA's "Matrix Multiplication
 # Background" guide: dimensions multiple of 8 in fp16); cuBLAS runs any other product on
-# slower kernels - on the H200 measured here, DeepBench's 32 bf16 shapes with an odd
-# dimension ran at 0.23 of peak (median of the large ones), the aligned at 0.70.
+# slower kernels - on the H200 measured here, DeepBench's 32 bf16 shapes with a dimension
+# not a multiple of 8 ran at 0.22 of peak (median of those of 1e10 FLOP or more), the
+# aligned at 0.70. (XLA pads such bf16 products to multiples of 8 before cuBLAS:
+# ``CublasPadForGemms``.)
 ALIGN = 16
 
 
