@@ -21,7 +21,7 @@ from refdl.config.spec import RunSpec
 from refdl.core.losses import LOSSES
 from refdl.core.optim import make_optimizer_for
 from refdl.core.task import Task
-from refdl.data import Dataset, load_dataset
+from refdl.data import DATASETS, Dataset, load_dataset
 from refdl.models import MODELS
 
 
@@ -58,8 +58,13 @@ def resolve(spec: RunSpec) -> RunSpec:
 
 
 def load_data(spec: RunSpec) -> Dataset:
-    """The spec's data set (read from ``--data-dir`` where it needs files)."""
-    return load_dataset(spec.dataset, spec.data_dir, dict(spec.data_opts))
+    """The spec's data set (read from ``--data-dir`` where it needs files; a resumed run's
+    own folder for a data set that reads none is passed over, as it was when it started:
+    refused for new runs since 2026-11-28)."""
+    data_dir = spec.data_dir
+    if spec.resume and data_dir and not DATASETS.get(spec.dataset).needs_dir:
+        data_dir = None
+    return load_dataset(spec.dataset, data_dir, dict(spec.data_opts))
 
 
 def make_task(spec: RunSpec, dataset: Dataset) -> Task:

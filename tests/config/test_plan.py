@@ -124,3 +124,18 @@ def test_check_batch_and_balance_by_hand():
     assert balance([1, 1, 1, 1], 2) == [2]
     assert balance([10, 1, 1, 1, 1, 10], 3) == [1, 5]
     assert balance([5, 1, 1, 1, 1, 1], 2) == [1]  # the largest group is 5 either way: first cut
+
+
+def test_a_resumed_runs_own_pipeline_options_without_stages_are_kept():
+    # refused for a new run since 2026-11-28 (they change nothing); a run started with
+    # them before resumes as it was started (tests/run/test_resume_old_settings.py)
+    kw = {"devices": 2, "mesh": "data=2", "stage_boundaries": (2,)}
+    refused("--stage-boundaries 2 needs pipeline stages (pipe > 1)", "hybrid", **kw)
+    assert check("hybrid", resume="runs/old", **kw).mesh.data == 2
+    # what only a command line sets (where a plot goes) is not the run's own
+    refused("--plot-schedule s.png needs pipeline stages", "hybrid", resume="runs/old",
+            plot_schedule="s.png", **kw)  # fmt: skip
+    # nor are momentum and a step decay the run's own on a new run
+    with pytest.raises(UsageError, match="momentum sets the heavy ball"):
+        RunSpec(optimizer="adam", momentum=0.5).validate()
+    assert RunSpec(optimizer="adam", momentum=0.5, lr_decay_every=5, resume="r").validate()

@@ -261,6 +261,8 @@ def _mesh_plan(
         unused += [f"--schedule {spec.schedule}"] * (spec.schedule != "1f1b")
         if spec.stage_boundaries is not None:
             unused.append(f"--stage-boundaries {','.join(map(str, spec.stage_boundaries))}")
+        if spec.resume:  # a resumed run's own settings, kept as it was started
+            unused = []
         unused += [f"--plot-schedule {spec.plot_schedule}"] * bool(spec.plot_schedule)
         if unused:
             raise problems([f"{u} needs pipeline stages (pipe > 1)" for u in unused])

@@ -69,6 +69,8 @@ RUN_CONTROL_KEYS = (
 # layout on resuming): taken from the command line only, never from a checkpoint, a recipe
 # or any other file.
 OUTPUT_KEYS = ("out", "resume", "overwrite", "plot_schedule", "reshard")
+# Settings refused where they would change nothing, but kept by a run resumed with them.
+NO_OP_KEYS = frozenset({"lr_decay_every", "lr_decay_factor", "momentum"})
 
 
 # Whether a spec being made came from flags or a file (``from_dict``): its refusals then
@@ -366,6 +368,12 @@ class RunSpec:
         if self.lr_schedule == "step" and self.lr_decay_every <= 0:
             raise UsageError("--lr-schedule step needs --lr-decay-every N with N > 0")
         off = {f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+        # A resumed run keeps its own settings (the flags given again must equal them), so
+        # a setting that changes nothing and is refused for new runs since 2026-11-28
+        # (this one, momentum beside Adam, a folder for a built-in data set, a pipeline's
+        # options without stages) is its own, and the run continues as it was started.
+        if self.resume:
+            off -= NO_OP_KEYS
         decay = sorted(k for k in off if k.startswith("lr_decay_"))
         if decay and self.lr_schedule != "step":  # they would change nothing
             raise UsageError(f"{flag(decay[0])} sets the step schedule's decay; add "
