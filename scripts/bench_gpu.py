@@ -89,8 +89,9 @@ def cast_floats(tree, dtype):
     )
 
 
-def own_step(task, dtype):
-    """Task's step with the forward/backward in ``dtype`` (fp32 master weights)."""
+def gradients(task, dtype):
+    """``(params, model state, batch) -> ((loss, new model state), gradients)`` with the
+    forward and backward in ``dtype`` (fp32 master weights; the loss in fp32)."""
     loss_of = LOSSES.get(task.loss)
 
     def loss_fn(params, model_state, batch):
@@ -98,11 +99,22 @@ def own_step(task, dtype):
         out, new_state = task.model.apply(cast_floats(params, dtype), model_state, x, train=True)
         return loss_of(out.astype(jnp.float32), batch["y"]), new_state
 
-    def step(state, batch):
+    def grads_of(params, model_state, batch):
         (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, state.model_state, batch
+            params, model_state, batch
         )
-        new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, state.model_state)
+        new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, model_state)
+        return (loss, new_state), grads
+
+    return grads_of
+
+
+def own_step(task, dtype):
+    """Task's step with the forward/backward in ``dtype`` (fp32 master weights)."""
+    grads_of = gradients(task, dtype)
+
+    def step(state, batch):
+        (loss, new_state), grads = grads_of(state.params, state.model_state, batch)
         return task.apply_gradients(state, grads, new_state), loss
 
     return step
@@ -112,19 +124,11 @@ def accumulate_step(task, dtype):
     """One microbatch of a gradient-accumulated step: forward, backward and the
     gradients added to an fp32 buffer, no optimizer update (state: params, model
     state, buffer)."""
-    loss_of = LOSSES.get(task.loss)
-
-    def loss_fn(params, model_state, batch):
-        x = cast_floats(batch["x"], dtype)
-        out, new_state = task.model.apply(cast_floats(params, dtype), model_state, x, train=True)
-        return loss_of(out.astype(jnp.float32), batch["y"]), new_state
+    grads_of = gradients(task, dtype)
 
     def step(state, batch):
         params, model_state, acc = state
-        (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, model_state, batch
-        )
-        new_state = jax.tree.map(lambda n, o: n.astype(o.dtype), new_state, model_state)
+        (loss, new_state), grads = grads_of(params, model_state, batch)
         return (params, new_state, jax.tree.map(jnp.add, acc, grads)), loss
 
     return step
