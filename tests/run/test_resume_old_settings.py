@@ -1,11 +1,14 @@
 """A run started before 2026-11-28 with a setting that changes nothing - refused for new
 runs since then (momentum beside Adam, a step decay without the step schedule, a folder
 for a built-in data set) - still resumes, as it was started: its checkpoints'
-configuration is its own, and the flags given again must equal it."""
+configuration is its own, and the flags given again must equal it. The run is named
+relative to where it is resumed from."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from conftest import run_cli
 from refdl.run import checkpoint
@@ -30,7 +33,11 @@ def test_a_run_with_settings_now_refused_resumes_as_it_was_started(tmp_path):
         m["spec"] = {**m["spec"], **old}
         m["config"] = config_key(m["spec"])
         meta.write_text(json.dumps(m))
-    again = run_cli("--resume", str(run), "--steps", "6", "--no-progress")
+    # named relative to where it is resumed from, as the docs write it (--resume runs/mlp:
+    # orbax reads absolute paths only, and refused it until 2026-11-28)
+    again = subprocess.run([sys.executable, "-m", "refdl.train", "--resume", "run", "--steps",
+                            "6", "--no-progress"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["status"] == "completed"

@@ -364,7 +364,10 @@ def _read(path: Path, meta: dict[str, Any], like: list[Any] | None) -> list[Any]
         check_files(path)
         targets = _targets(meta, like)
         with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as reader:
-            got = reader.restore(path / STATE, args=ocp.args.StandardRestore(targets))
+            # orbax reads absolute paths only: a run named relative to here (--resume
+            # runs/mlp) is read where it is
+            state = (path / STATE).absolute()
+            got = reader.restore(state, args=ocp.args.StandardRestore(targets))
         leaves = [got[k] for k in _keys(len(meta["leaves"]))]
     except Damaged as e:
         problem = str(e)
