@@ -445,32 +445,10 @@ TRANSFORMER_OPTIONS = ("remat", "attention", "compute", "grad_reduce", "sequence
                        "cp", "stage_boundaries")  # fmt: skip
 
 
-# The transformer options a cost formula takes no account of: why, and the mesh axis that
-# gives the same layout to the mesh formula (``transformer_step``), which prices them.
-# data, fsdp, pipeline, ps and decentralized price a transformer from its totals.
-_WHOLE = "takes a transformer's activations whole, scores or not"
-_FP32 = "reduces fp32 gradients, as refdl's strategy does"
-_NONE = "reduces no gradients (no data or fsdp axis)"
-UNPRICED = {
-    ("attention", "data_parallel"): (_WHOLE, "data"),
-    ("attention", "zero_sharding"): (_WHOLE, "fsdp"),
-    ("attention", "pipeline"): (_WHOLE, "pipe"),
-    ("attention", "parameter_server"): (_WHOLE, None),
-    ("attention", "gossip"): (_WHOLE, None),
-    ("attention", "context"): ("keeps no attention scores on more than one rank", None),
-    ("grad_reduce", "data_parallel"): (_FP32, "data"),
-    ("grad_reduce", "zero_sharding"): (_FP32, "fsdp"),
-    ("grad_reduce", "parameter_server"): (_FP32, None),
-    ("grad_reduce", "gossip"): (_FP32, None),
-    ("grad_reduce", "pipeline"): (_NONE, None),
-    ("grad_reduce", "one_device"): (_NONE, None),
-    ("grad_reduce", "tensor"): (_NONE, None),
-}
-
-
 def _check_transformer_options(
     args: argparse.Namespace, model: str, formula: str, workers: list[int]
 ) -> None:
+    from refdl.perf.costs import unpriced
     from refdl.perf.model_cost import model_cost
 
     defaults = _step_parser()
@@ -480,9 +458,7 @@ def _check_transformer_options(
                          f"{model} is priced by its compiled step, which has no such term; "
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
     for k in given:
-        why, axis = UNPRICED.get((k, formula), (None, None))
-        if formula == "context" and min(workers) == 1:  # one rank: no context axis, scores
-            why = None
+        why, axis = unpriced(k, formula, min(workers))
         if why:
             mesh = f"--strategy hybrid --mesh {axis}=N --microbatches 1"
             instead = (f", or price a comparable layout as a mesh ({mesh}), whose formula "

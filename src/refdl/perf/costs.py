@@ -151,6 +151,38 @@ def _state_bytes(m: ModelCost, opts: PredictOptions, shard: float = 1.0) -> floa
     return (2 + opts.optimizer_words) * m.param_bytes / shard
 
 
+# The transformer options a formula takes no account of: why, and the mesh axis that gives
+# a comparable layout to the mesh formula (``transformer_step``), which prices them. data,
+# fsdp, pipeline, ps and decentralized price a transformer from its totals.
+_WHOLE = "takes a transformer's activations whole, scores or not"
+_FP32 = "reduces fp32 gradients, as refdl's strategy does"
+_NONE = "reduces no gradients (no data or fsdp axis)"
+UNPRICED = {
+    ("attention", "data_parallel"): (_WHOLE, "data"),
+    ("attention", "zero_sharding"): (_WHOLE, "fsdp"),
+    ("attention", "pipeline"): (_WHOLE, "pipe"),
+    ("attention", "parameter_server"): (_WHOLE, None),
+    ("attention", "gossip"): (_WHOLE, None),
+    ("attention", "context"): ("keeps no attention scores on more than one rank", None),
+    ("grad_reduce", "data_parallel"): (_FP32, "data"),
+    ("grad_reduce", "zero_sharding"): (_FP32, "fsdp"),
+    ("grad_reduce", "parameter_server"): (_FP32, None),
+    ("grad_reduce", "gossip"): (_FP32, None),
+    ("grad_reduce", "pipeline"): (_NONE, None),
+    ("grad_reduce", "one_device"): (_NONE, None),
+    ("grad_reduce", "tensor"): (_NONE, None),
+}
+
+
+def unpriced(option: str, formula: str, ranks: int) -> tuple[str | None, str | None]:
+    """Why ``formula`` on ``ranks`` workers would take no account of the transformer
+    ``option`` (None where it prices it), and the mesh axis of a comparable layout that
+    would. ``context`` on one rank has no context axis: it keeps the scores."""
+    if formula == "context" and ranks == 1:
+        return None, None
+    return UNPRICED.get((option, formula), (None, None))
+
+
 @FORMULAS.register("one_device")
 def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """The whole step on one device: compute (operations or roofline), no communication."""
