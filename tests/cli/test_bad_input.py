@@ -412,6 +412,10 @@ UNUSED = [
     ("data: convert into a run folder", "refdl.data",
      ["convert", "--dataset", "digits", "--out", f"{T}/damaged"],
      "holds other files (checkpoints); give a new or empty folder"),
+    ("predict: a model split train refuses", "refdl.predict",
+     ["--hw", "p100-nvlink", "--model", "lenet5", "--strategy", "model", "--workers", "1,2,3"],
+     "a 3-way model split of lenet5's width 8 is not even (train refuses it); use a model "
+     "degree dividing 8"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

@@ -361,3 +361,21 @@ def test_a_memory_limit_above_the_profiles_card_is_taken_and_said():
     at_card, _ = plan_configurations("h100-nvlink", "gpt2", 8, 64, strategies=declared_traits(),
                                      top=1)  # fmt: skip
     assert at_card["memory_limit_note"] is None and at_card["memory_limit_bytes"] == 80e9
+
+
+def test_plan_offers_no_model_split_train_refuses():
+    """lenet5's conv widths are 8 and 16: on 6 devices the search keeps model 1 and 2 and
+    drops 3 and 6, which refdl train refuses (``check_layers``); predict refuses them."""
+    from refdl.errors import UsageError
+    from refdl.perf.model_cost import model_degree_problem
+    from refdl.perf.prediction import predict_steps
+
+    m = model_cost("lenet5")
+    assert m.model_widths == (8, 16, 120)
+    found = Planner(m, hw.load("p100-nvlink"), 6, 60, strategies=declared_traits()).search().found
+    degrees = {p.config.mesh.model for p in found}
+    assert degrees == {1, 2}, degrees
+    assert model_degree_problem(m, 4) is None
+    assert model_degree_problem(model_cost("gpt2"), 5) is None  # known by its shape only
+    with pytest.raises(UsageError, match="3-way model split of lenet5's width 8"):
+        predict_steps("p100-nvlink", "model", declared_traits()["model"], "lenet5", 64, [1, 2, 3])

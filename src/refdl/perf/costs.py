@@ -40,7 +40,7 @@ from refdl.perf.collectives import (
     neighbour_exchange,
     ps_push_pull,
 )
-from refdl.perf.model_cost import ModelCost
+from refdl.perf.model_cost import ModelCost, model_degree_problem
 from refdl.perf.overlap import bucketed_step
 from refdl.perf.transformer import (
     ACT_BYTES,
@@ -342,6 +342,7 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
 def tensor(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Every layer split P ways: 1/P of the compute and state, and the collectives the
     split leaves (``_tp_comm``; a transformer's in closed form, ``transformer_step``)."""
+    _check_model_degree(m, workers)
     if m.transformer is not None:
         return transformer_step(m, hw, batch, MeshSpec(model=workers), opts)
     t = compute_time(
@@ -400,6 +401,13 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     )
 
 
+def _check_model_degree(m: ModelCost, k: int) -> None:
+    """Refuse a ``model`` degree that ``train`` refuses for ``m`` (a width it leaves
+    uneven): its price would be of a layout that cannot run."""
+    if problem := model_degree_problem(m, k):
+        raise UsageError(problem)
+
+
 def hybrid_mesh(workers: int, opts: PredictOptions) -> MeshSpec:
     """The mesh ``hybrid`` is priced on: ``opts.mesh``, else model 2 where the workers are
     even and the rest on data."""
@@ -414,6 +422,7 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     allreduce of each replica's 1/(model x pipe) share of the gradients; a transformer on
     all six axes by ``transformer_step``."""
     mesh = hybrid_mesh(workers, opts)
+    _check_model_degree(m, mesh.model)
     if m.transformer is not None:
         return transformer_step(m, hw, batch, mesh, opts)
     if mesh.context > 1 or mesh.expert > 1 or mesh.fsdp > 1:

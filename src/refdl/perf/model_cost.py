@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from refdl.assemble import load_data, make_task, resolve
+from refdl.assemble import load_data, make_task, model_shape, resolve
 from refdl.config.rules import TENSOR_RULES
 from refdl.config.spec import RunSpec
 from refdl.core.layers import Conv, Dense, Embed, PositionalEmbed, TransformerBlock
@@ -82,6 +82,9 @@ class ModelCost:
     # the matrices Muon updates, (count, fan_in, fan_out) (``refdl.core.optim``'s choice:
     # a shape-only model declares no axes, so every kernel of two or more axes)
     muon_matrices: tuple[tuple[int, int, int], ...] = ()
+    # refdl's own models: the widths the tensor rules split over ``model`` (``train``
+    # needs a degree dividing each: ``model_degree_problem``); empty for shape-only ones
+    model_widths: tuple[int, ...] = ()
 
     def op_work(self, batch: float) -> Any:
         """``refdl.perf.ops.OpWork`` of one step at ``batch``: per kind, the count and
@@ -258,6 +261,29 @@ def _refdl_model_cost(name: str, data_opts: tuple[tuple[str, str], ...] = ()) ->
         transformer=transformer_shape(task.model.layers),
         dense_layers=_dense_layers(task),
         muon_matrices=muon_matrices(task.logical_axes, state.params),
+        model_widths=_model_widths(task, dataset, name),
+    )
+
+
+def _model_widths(task: Any, dataset: Any, name: str) -> tuple[int, ...]:
+    """The sizes of the parameter dimensions ``TENSOR_RULES`` splits over ``model``."""
+    split = [logical for logical, axes in TENSOR_RULES.items() if axes == "model"]
+    widths = {shape[d] for layer in model_shape(task, dataset, name).layers
+              for shape, axes in layer.params.values()
+              for d, logical in enumerate(axes) if logical in split}  # fmt: skip
+    return tuple(sorted(widths))
+
+
+def model_degree_problem(m: ModelCost, k: int) -> str | None:
+    """Why ``train`` cannot split ``m`` ``k`` ways over ``model`` (a width ``k`` does not
+    divide), or None where it can (or where ``m`` is known by its shape only)."""
+    uneven = [w for w in m.model_widths if w % k]
+    if k <= 1 or not uneven:
+        return None
+    g = math.gcd(*m.model_widths)
+    return (
+        f"a {k}-way model split of {m.name}'s width {uneven[0]} is not even (train "
+        f"refuses it); use a model degree dividing {g}"
     )
 
 

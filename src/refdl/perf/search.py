@@ -43,7 +43,7 @@ from refdl.parallel.schedule import analytic_bubble
 from refdl.perf import PredictOptions, intervals, muon
 from refdl.perf.architectures import expected_view
 from refdl.perf.costs import formula_of, link_of
-from refdl.perf.model_cost import ModelCost
+from refdl.perf.model_cost import ModelCost, model_degree_problem
 from refdl.perf.muon import SCHEMES
 from refdl.perf.overlap import with_frameworks_overlap
 
@@ -364,8 +364,8 @@ class Planner:
         if self.batch % replicas:
             return False
         s = self.shape
-        if s is None:
-            return mesh.pipe <= self.m.layers
+        if s is None:  # train's own check of the widths split over model
+            return mesh.pipe <= self.m.layers and not model_degree_problem(self.m, mesh.model)
         if s.heads % mesh.model or s.seq % mesh.context or s.layers < mesh.pipe:
             return False  # uneven stages where pipe does not divide the layers (1f1b, zb-h1)
         return not (mesh.expert > 1 and (not s.experts or s.experts % mesh.expert))
