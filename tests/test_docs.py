@@ -141,7 +141,9 @@ def made(tree: Path, what: str) -> Path:
                         "--start", "start-made", "--seeds", "1"], cwd=tree, env=env,
                        check=True, capture_output=True, timeout=600)  # fmt: skip
     if what.startswith("parity-") and not (tree / f"runs/made-{what}").exists():
-        layout = ["--strategy", "data", "--devices", "2"] if what == "parity-test" else []
+        # the test and the second 1-D control: plain data parallelism on 2 devices
+        two = what in ("parity-test", "parity-control2")
+        layout = ["--strategy", "data", "--devices", "2"] if two else []
         subprocess.run([py, "-m", "refdl.train", *layout, "--model", "mlp", "--steps",
                         str(STEPS), "--log-every", "1", "--out", f"runs/made-{what}"], cwd=tree,
                        env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
@@ -168,9 +170,11 @@ def placeholders(text: str, tree: Path) -> str:
             real = {".jsonl": ".jsonl", ".csv": ".csv", ".toml": ".toml", "/": ".tb"}
             suffix = next(v for k, v in real.items() if name.endswith(k))
             text = re.sub(rf"(?<![\w/]){re.escape(name)}", str(stem) + suffix, text)
-    for role in ("test", "control"):  # an N-D run and its 1-D control, every step logged
+    # an N-D run and its 1-D controls (one device; two), every step logged
+    for role, run in (("test", "test"), ("control", "control"), ("control_1gpu", "control"),
+                      ("control_2gpu", "control2")):  # fmt: skip
         if re.search(rf"(?<![\w/]){role}\.jsonl", text):
-            log = made(tree, f"parity-{role}") / "metrics.jsonl"
+            log = made(tree, f"parity-{run}") / "metrics.jsonl"
             text = re.sub(rf"(?<![\w/]){role}\.jsonl", str(log), text)
     if "hosts.txt" in text and not (tree / "hosts.txt").exists():
         (tree / "hosts.txt").write_text("refdl-h1 slots=2\nrefdl-h2 slots=2\n")

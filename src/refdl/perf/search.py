@@ -9,7 +9,8 @@ recomputation, the compute precision, and for a transformer sequence parallelism
 the context attention. What is enumerated, and what is not (dominated choices):
 
 - meshes: every factorisation of N whose degrees the model allows (heads over
-  ``model``, the sequence over ``context``, experts over ``expert``, layers over
+  ``model``, or for refdl's own models every width the tensor rules split, as train
+  checks; the sequence over ``context``, experts over ``expert``, layers over
   ``pipe``, the global batch over ``data x fsdp x expert``);
 - sequence parallelism whenever ``model`` > 1 (the same collective time, less memory);
 - DualPipeV: priced as ZB-V, so a ZB-V row with ``m >= 2p`` names it as an equal choice;
