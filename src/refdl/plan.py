@@ -224,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         if record["memory_limit_note"]:
             print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
+        if not record["configurations"] and not record["did_not_fit"]:  # none valid at all
+            raise UsageError(
+                f"no layout of {args.model} on {args.devices} devices splits it: the batch "
+                f"{args.batch_size} must split over the replicas (data x fsdp x expert) and "
+                "the model's heads, sequence, experts and layers over the other axes; give a "
+                "--batch-size or --devices that divides them"
+            )
         if not record["configurations"]:
             raise UsageError(
                 f"no configuration of {args.model} fits {args.devices} devices of "

@@ -28,13 +28,14 @@ from typing import Any
 from refdl import hw
 from refdl.cli import Parser
 from refdl.config.choices import SPARSE_ALGORITHM as SPARSE
-from refdl.config.mesh import MeshSpec
+from refdl.config.mesh import MeshLayout, MeshSpec
 from refdl.config.paths import writable_file
 from refdl.config.values import Float, Int, Ints
 from refdl.errors import UsageError
 from refdl.hw import stacks
 from refdl.perf import OPTIMIZER_WORDS, PredictOptions, add_transformer_flags, intervals
 from refdl.perf.collectives import (
+    OPS,
     allreduce_hierarchical,
     allreduce_lower_bound,
     allreduce_sparse,
@@ -255,7 +256,9 @@ def _step_parser() -> argparse.ArgumentParser:
         "decentralized: CHOCO-SGD's top-k messages",
     )
     p.add_argument(
-        "--optimizer", default="momentum", help="sgd, momentum, adam or muon (state size)"
+        "--optimizer",
+        help="sgd, momentum, adam or muon (state size; default: the model's own, as train "
+        "and plan take it: its recipe's for refdl's models, adam for the others)",
     )
     p.add_argument(
         "--muon",
@@ -310,7 +313,7 @@ def _step_main(argv: list[str]) -> int:
         hw.load(args.hw)
         if args.seq_len is not None and (problem := Int(min=1, max=1 << 24).problem(args.seq_len)):
             raise UsageError(f"--seq-len must be {problem}")
-        if args.optimizer not in words:
+        if args.optimizer is not None and args.optimizer not in words:
             raise UsageError(f"unknown --optimizer {args.optimizer!r}; choose {', '.join(words)}")
         if args.plot:
             writable_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
@@ -318,6 +321,7 @@ def _step_main(argv: list[str]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     from refdl import plots
+    from refdl.perf.planning import default_optimizer
     from refdl.perf.prediction import predict_steps
     from refdl.perf.shapes import describe, model_named, with_seq
     from refdl.strategies import traits_of
@@ -338,11 +342,13 @@ def _step_main(argv: list[str]) -> int:
             raise UsageError(f"--compress prices data's compressed exchange and "
                              f"decentralized's top-k messages; not --strategy "
                              f"{args.strategy}")  # fmt: skip
+        if args.optimizer is None:  # the model's own, as plan and train take it
+            args.optimizer = default_optimizer(args.model or "")
         _check_options(args, traits)
         _check_transformer_options(args, model, traits.cost, workers)
         opts = PredictOptions(
             allreduce=args.allreduce,
-            microbatches=(4 if "pipe" in traits.axes else 1)
+            microbatches=_default_microbatches(traits, args.mesh)
             if args.microbatches is None
             else args.microbatches,
             schedule=args.schedule,
@@ -457,10 +463,16 @@ def _check_transformer_options(
         raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's layers, and "
                          f"{model} is priced by its compiled step, which has no such term; "
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
+    pipe = dict(MeshLayout.parse(args.mesh).degrees).get("pipe", 1) if args.mesh else 1
+    if "stage_boundaries" in given and formula == "mesh" and pipe == 1:  # as train refuses
+        raise UsageError(f"--stage-boundaries cuts pipeline stages, and --mesh "
+                         f"{args.mesh or 'data=N/2,model=2 (the default)'} has none; add "
+                         "pipe=N or drop it")  # fmt: skip
     for k in given:
         why, axis = unpriced(k, formula, min(workers))
         if why:
-            mesh = f"--strategy hybrid --mesh {axis}=N --microbatches 1"
+            accumulate = "" if axis == "pipe" else " --microbatches 1"  # a pipe keeps its own
+            mesh = f"--strategy hybrid --mesh {axis}=N{accumulate}"
             instead = (f", or price a comparable layout as a mesh ({mesh}), whose formula "
                        "takes it" if axis else "")  # fmt: skip
             raise UsageError(f"--{k.replace('_', '-')} changes nothing for --strategy "
@@ -472,6 +484,17 @@ def _with_interval(t: float, lo: float | None, hi: float | None, digits: int = 3
     if lo is None or hi is None:
         return f"{t * 1e3:.{digits}f}"
     return f"{t * 1e3:.{digits}f} [{lo * 1e3:.{digits}f}, {hi * 1e3:.{digits}f}]"
+
+
+def _default_microbatches(traits: Any, mesh: str | None) -> int:
+    """``refdl train``'s default (``Traits.microbatches``): 4 for a pipeline of several
+    stages, 1 otherwise (a hybrid mesh without ``pipe`` accumulates nothing)."""
+    if "pipe" not in traits.axes:
+        return 1
+    if traits.axes[0] == "pipe":
+        return 4
+    pipe = dict(MeshLayout.parse(mesh).degrees).get("pipe", 1) if mesh else 1
+    return 1 if pipe == 1 else 4
 
 
 def _mesh_size(mesh: str | None) -> str | None:
@@ -525,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     c = sub.add_parser("collective", help="time, algbw and busbw of one collective")
     c.add_argument("--op", default="allreduce")
-    c.add_argument("--algo", default="ring")
+    c.add_argument("--algo", help="default: the op's first (ring; tree for reduce, ...)")
     c.add_argument("--hw", required=True, help="profile name or .toml path")
     c.add_argument("--workers", required=True, help="P, or a list like 1,2,4,8")
     c.add_argument("--bytes", type=float, required=True, help="message bytes (>= 0)")
@@ -545,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in hw.names():
                 print(f"{name:22s} {hw.load(name).description}")
             return 0
-        rows = predict_collective(args.hw, args.op, args.algo, args.bytes, _ints(args.workers),
+        algo = args.algo or next(iter(OPS.get(args.op, {"ring": None})))  # the op's own
+        rows = predict_collective(args.hw, args.op, algo, args.bytes, _ints(args.workers),
                                   args.library, args.density, args.value_bits)  # fmt: skip
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -416,6 +416,19 @@ UNUSED = [
      ["--hw", "p100-nvlink", "--model", "lenet5", "--strategy", "model", "--workers", "1,2,3"],
      "a 3-way model split of lenet5's width 8 is not even (train refuses it); use a model "
      "degree dividing 8"),
+    ("predict: stage cuts for the even pipeline", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt2", "--batch-size", "16", "--strategy", "pipeline",
+      "--workers", "4", "--stage-boundaries", "3,6,9"],
+     "--stage-boundaries changes nothing for --strategy pipeline, which prices P equal stages "
+     "of a transformer's totals; drop it, or price a comparable layout as a mesh (--strategy "
+     "hybrid --mesh pipe=N), whose formula takes it"),
+    ("predict: stage cuts on a mesh without stages", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt2", "--batch-size", "16", "--mesh", "data=4",
+      "--stage-boundaries", "3,6,9"],
+     "--stage-boundaries cuts pipeline stages, and --mesh data=4 has none; add pipe=N or drop it"),
+    ("plan: no layout splits the batch", "refdl.plan",
+     ["--hw", "h100-nvlink", "--model", "transformer", "--devices", "3", "--batch-size", "16"],
+     "no layout of transformer on 3 devices splits it: the batch 16 must split"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

@@ -379,3 +379,39 @@ def test_plan_offers_no_model_split_train_refuses():
     assert model_degree_problem(model_cost("gpt2"), 5) is None  # known by its shape only
     with pytest.raises(UsageError, match="3-way model split of lenet5's width 8"):
         predict_steps("p100-nvlink", "model", declared_traits()["model"], "lenet5", 64, [1, 2, 3])
+
+
+def test_predict_takes_plans_defaults_and_json_stage_cuts():
+    """predict's defaults are train's and plan's (the model's own optimizer; one microbatch
+    on a mesh without stages), so plan's first row is predict's number; plan's stage cuts
+    count a transformer's blocks (gpt2's 12, not its 123 traced layers)."""
+    plan = subprocess.run(
+        [sys.executable, "-m", "refdl", "plan", "--hw", "h100-nvlink", "--model", "gpt2",
+         "--devices", "7", "--batch-size", "16", "--top", "1", "--json"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    first = json.loads(plan.stdout)["configurations"][0]
+    assert first["mesh"]["pipe"] == 7 and first["stage_boundaries"] == [1, 3, 5, 7, 9, 11]
+    mesh = ",".join(f"{k}={v}" for k, v in first["mesh"].items())
+    args = ["--mesh", mesh, "--microbatches", str(first["microbatches"]), "--schedule",
+            first["schedule"], "--remat", first["remat"], "--precision", first["precision"],
+            "--stage-boundaries", ",".join(map(str, first["stage_boundaries"]))]  # fmt: skip
+    plain = ["--mesh", "data=8,model=1,pipe=1", "--remat", "none", "--precision", "bf16"]
+    for model, extra in (("gpt2", args), ("gpt3-1.3b", plain)):
+        got = json.loads(subprocess.run(
+            [sys.executable, "-m", "refdl", "predict", "--hw", "h100-nvlink", "--model", model,
+             "--batch-size", "16", *extra, "--json"],
+            capture_output=True, text=True, check=True, cwd=ROOT).stdout)[0]  # fmt: skip
+        if model == "gpt2":
+            assert got["step_time_s"] == pytest.approx(first["step_time_s"], rel=1e-9)
+            assert got["memory_bytes"] == first["memory_bytes_per_device"]
+        else:  # one microbatch (4 before: 0.196 s on a100 figures) and Adam's state
+            ref = [c for c in json.loads(subprocess.run(
+                [sys.executable, "-m", "refdl", "plan", "--hw", "h100-nvlink", "--model", model,
+                 "--devices", "8", "--batch-size", "16", "--top", "400", "--json"],
+                capture_output=True, text=True, check=True, cwd=ROOT).stdout)["configurations"]
+                if c["mesh"]["data"] == 8 and c["remat"] == "none" and c["precision"] == "bf16"
+                and c["zero"] == 0]  # fmt: skip
+            assert ref and ref[0]["microbatches"] == 1
+            assert got["step_time_s"] == pytest.approx(ref[0]["step_time_s"], rel=1e-9)
+            assert got["memory_bytes"] == ref[0]["memory_bytes_per_device"]

@@ -74,7 +74,7 @@ def load_memory(raw: list[dict[str, Any]], parts: dict[str, str], path: str
 def predicted_bytes(p: MemoryPoint) -> float:
     """``refdl predict``'s ``memory_bytes`` for the point's configuration (its busiest
     device), as ``refdl predict --model-shape SHAPE --mesh MESH ...`` prints it."""
-    from refdl.perf import PredictOptions
+    from refdl.perf import OPTIMIZER_WORDS, PredictOptions
     from refdl.perf.prediction import predict_steps
     from refdl.perf.shapes import model_named
     from refdl.strategies import traits_of
@@ -82,7 +82,11 @@ def predicted_bytes(p: MemoryPoint) -> float:
     model, _ = model_named(None, p.shape, None, p.seq)
     opts = PredictOptions(mesh=p.mesh, microbatches=p.microbatches, schedule=p.schedule,
                           chunks=p.chunks, remat=p.remat,
-                          sequence_parallel=p.sequence_parallel)  # fmt: skip
+                          sequence_parallel=p.sequence_parallel,
+                          # torchtitan's runs train with AdamW: two words (its llama3 train
+                          # configs, [optimizer] name = "AdamW", pytorch/torchtitan 08a5a9f3;
+                          # one, momentum's, until 2026-11-28), predict's default for them
+                          optimizer_words=OPTIMIZER_WORDS["adam"])  # fmt: skip
     (row,) = predict_steps(p.hw, "hybrid", traits_of("hybrid"), model, p.global_batch,
                            [p.workers], "strong", opts, precision=p.precision)  # fmt: skip
     return float(row["memory_bytes"])

@@ -171,6 +171,7 @@ UNPRICED = {
     ("grad_reduce", "pipeline"): (_NONE, None),
     ("grad_reduce", "one_device"): (_NONE, None),
     ("grad_reduce", "tensor"): (_NONE, None),
+    ("stage_boundaries", "pipeline"): ("prices P equal stages of a transformer's totals", "pipe"),
 }
 
 

@@ -178,6 +178,7 @@ def plan_configurations(
         tied = sorted(result.tie_set, key=lambda p: plainness(p, limit))
         shown = (tied + [p for p in result.found if p not in result.tie_set])[:top]
     transformer = cost.transformer is not None
+    stage_units = cost.transformer.layers if transformer else cost.layers
     record = {
         "hw": profile.name,
         "model": model,
@@ -194,7 +195,9 @@ def plan_configurations(
         "meshes": result.meshes,
         "did_not_fit": result.too_big,
         "seconds": seconds,
-        "configurations": [row(p, transformer, strategies, cost.layers) for p in shown],
+        # stages cut a transformer's blocks, as predict --stage-boundaries counts them (a
+        # shape-only model's traced layers, gpt2's 123, are not what the stages hold)
+        "configurations": [row(p, transformer, strategies, stage_units) for p in shown],
         # how many configurations (of all, not only those printed) the model cannot tell
         # from the fastest: within TIE_BAND of its step; they come first, simplest first
         "tie_band": TIE_BAND,
