@@ -429,6 +429,9 @@ UNUSED = [
     ("plan: no layout splits the batch", "refdl.plan",
      ["--hw", "h100-nvlink", "--model", "transformer", "--devices", "3", "--batch-size", "16"],
      "no layout of transformer on 3 devices splits it: the batch 16 must split"),
+    ("predict: fewer samples than replicas", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "resnet50", "--batch-size", "1", "--workers", "1,2,4,8"],
+     "--batch-size 1 is smaller than the 2 replicas it splits over at 2 workers; give at least 2"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

@@ -127,6 +127,7 @@ def predict_steps(
             name, f = "one_device", FORMULAS.get("one_device")
         else:
             name, f = traits.cost or "", formula
+        _check_replicas(name, batch, w, o)
         c = f(m, h, batch, w, o)
         if o.muon is None:
             return c
@@ -191,6 +192,25 @@ def predict_steps(
         for r in rows:
             r["note"] = "; ".join(notes)
     return rows
+
+
+# The formulas that split the global batch over every worker (the mesh: over its replicas)
+BATCH_SPLIT = ("data_parallel", "zero_sharding", "parameter_server", "gossip")
+
+
+def _check_replicas(formula: str, batch: int, workers: int, opts: PredictOptions) -> None:
+    """Refuse a global batch smaller than the replicas it is split over: a replica
+    without a sample cannot step (train refuses any batch they do not divide)."""
+    if formula in BATCH_SPLIT:
+        replicas = workers
+    elif formula == "mesh":
+        mesh = hybrid_mesh(workers, opts)
+        replicas = mesh.data * mesh.fsdp * mesh.expert
+    else:
+        return
+    if batch < replicas:
+        raise UsageError(f"--batch-size {batch} is smaller than the {replicas} replicas it "
+                         f"splits over at {workers} workers; give at least {replicas}")  # fmt: skip
 
 
 def _by_axis(c: Any) -> dict[str, Any]:
