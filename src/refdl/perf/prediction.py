@@ -38,6 +38,25 @@ def precision_note(profile: Any, precision: str) -> str | None:
             "priced at float32's, its interval widened")  # fmt: skip
 
 
+# The shortest a kernel took on a GPU here: the H200's fitted bf16 cuBLAS latency
+# (scripts/bench_gemm_shapes.py, its hopper part, 2026-11-28; fp32's was 11.3 us)
+KERNEL_FLOOR_S = 2.83e-6
+
+
+def overhead_note(profile: Any, m: Any, step_s: float) -> str | None:
+    """Said where a compiled model's step is priced below its kernels' launches: a
+    profile without per-operation figures prices its operations by FLOPs and bytes alone
+    (a GPU profile's; refdl's models are small), so the step is a bound, not an estimate."""
+    d = profile.device
+    floor = m.ops * KERNEL_FLOOR_S
+    if d is None or d.ops or d.op_overhead_s > 0 or d.dispatch_s > 0 or step_s >= floor:
+        return None
+    return (f"{profile.name} gives no per-kernel overhead, so the {m.ops:,} operations of "
+            f"{m.name}'s step are priced by their FLOPs and bytes alone; at the "
+            f"{KERNEL_FLOOR_S * 1e6:.1f} us a kernel took on an H200 (2026-11-28) they take "
+            f"at least {floor * 1e3:.3g} ms")  # fmt: skip
+
+
 def scope_note(profile: Any, workers: list[int]) -> str | None:
     """What a prediction assumes when it asks more devices of a one-node profile than
     the node holds: its own link, as one larger node (an NVSwitch machine such as a
@@ -187,7 +206,9 @@ def predict_steps(
                 **_by_axis(c),
             }
         )
-    notes = [n for n in (scope_note(profile, workers), precision_note(profile, precision)) if n]
+    fastest = min(r["step_time_s"] for r in rows)
+    notes = [n for n in (scope_note(profile, workers), precision_note(profile, precision),
+                         overhead_note(profile, m, fastest)) if n]  # fmt: skip
     if notes:
         for r in rows:
             r["note"] = "; ".join(notes)
