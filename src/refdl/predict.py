@@ -463,8 +463,7 @@ def _check_transformer_options(
         raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's layers, and "
                          f"{model} is priced by its compiled step, which has no such term; "
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
-    pipe = dict(MeshLayout.parse(args.mesh).degrees).get("pipe", 1) if args.mesh else 1
-    if "stage_boundaries" in given and formula == "mesh" and pipe == 1:  # as train refuses
+    if "stage_boundaries" in given and formula == "mesh" and _pipe_of(args.mesh) == 1:
         raise UsageError(f"--stage-boundaries cuts pipeline stages, and --mesh "
                          f"{args.mesh or 'data=N/2,model=2 (the default)'} has none; add "
                          "pipe=N or drop it")  # fmt: skip
@@ -493,8 +492,12 @@ def _default_microbatches(traits: Any, mesh: str | None) -> int:
         return 1
     if traits.axes[0] == "pipe":
         return 4
-    pipe = dict(MeshLayout.parse(mesh).degrees).get("pipe", 1) if mesh else 1
-    return 1 if pipe == 1 else 4
+    return 1 if _pipe_of(mesh) == 1 else 4
+
+
+def _pipe_of(mesh: str | None) -> int:
+    """The ``pipe`` degree a ``--mesh`` names (1 without it or without one; -1: the rest)."""
+    return dict(MeshLayout.parse(mesh).degrees).get("pipe", 1) if mesh else 1
 
 
 def _mesh_size(mesh: str | None) -> str | None:

@@ -98,7 +98,7 @@ def options(p: Any, precision: str) -> PredictOptions:
         grad_reduce=lay["grad_reduce"],
     )  # fmt: skip
     mesh = opts.mesh.on(p.workers)
-    replicas = mesh.data * mesh.fsdp * mesh.expert
+    replicas = mesh.replicas
     mb = lay["global_batch"] // (replicas * lay["microbatch"])
     if mb < 1 or mb * replicas * lay["microbatch"] != lay["global_batch"]:
         raise UsageError(f"point {p.index}: global_batch {lay['global_batch']} is not "

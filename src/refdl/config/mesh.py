@@ -55,6 +55,11 @@ class MeshSpec:
         return math.prod(self.shape)
 
     @property
+    def replicas(self) -> int:
+        """The degrees the global batch is split over: data x fsdp x expert."""
+        return self.data * self.fsdp * self.expert
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return tuple(getattr(self, a) for a in AXES)
 

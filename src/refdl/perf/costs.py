@@ -507,7 +507,7 @@ def transformer_step(
     ``microbatches``; ``sequence_parallel`` and the context attention as ``opts`` say."""
     shape, workers = m.transformer, mesh.size
     check_mesh(shape, mesh, opts.cp)
-    replicas, mb = mesh.data * mesh.fsdp * mesh.expert, opts.microbatches
+    replicas, mb = mesh.replicas, opts.microbatches
     if batch % (replicas * mb):
         raise UsageError(
             f"--batch-size {batch} does not split into data x fsdp x expert = {replicas} "

@@ -225,8 +225,7 @@ def _check_replicas(formula: str, batch: int, workers: int, opts: PredictOptions
     if formula in BATCH_SPLIT:
         replicas = workers
     elif formula == "mesh":
-        mesh = hybrid_mesh(workers, opts)
-        replicas = mesh.data * mesh.fsdp * mesh.expert
+        replicas = hybrid_mesh(workers, opts).replicas
     else:
         return
     if batch < replicas:

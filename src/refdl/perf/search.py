@@ -361,7 +361,7 @@ class Planner:
 
     def valid(self, mesh: MeshSpec) -> bool:
         """Whether the model allows ``mesh``'s degrees and the batch splits over it."""
-        replicas = mesh.data * mesh.fsdp * mesh.expert
+        replicas = mesh.replicas
         if self.batch % replicas:
             return False
         s = self.shape
@@ -374,7 +374,7 @@ class Planner:
     def candidates(self, mesh: MeshSpec, precisions: tuple[str, ...]) -> Iterator[Config]:
         """The configurations tried on ``mesh`` (before the ZeRO and microbatch choices
         that depend on memory)."""
-        replicas = mesh.data * mesh.fsdp * mesh.expert
+        replicas = mesh.replicas
         per = self.batch // replicas
         remats = REMATS if self.shape is not None else ("none",)
         cps = ("ring", "all-to-all") if mesh.context > 1 else ("ring",)

@@ -534,7 +534,7 @@ def activation_bytes(
     """Activations the busiest stage holds: ``stash`` microbatches of its ``busiest``
     layers (default ``layers / pipe``), plus one microbatch's fp32 logits split over
     ``model`` (the last stage's)."""
-    b = batch / (mesh.data * mesh.fsdp * mesh.expert) / microbatches
+    b = batch / mesh.replicas / microbatches
     per_layer = shape.layer_activation_bytes(b, mesh.model, mesh.context, sp, remat, precision,
                                              fused)  # fmt: skip
     logits = 4.0 * b * shape.seq / mesh.context * shape.vocab / mesh.model
