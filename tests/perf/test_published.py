@@ -524,3 +524,43 @@ def test_issue_52_goals_are_judged_from_the_held_out_summary():
     got = P.goals(s)
     assert [g["met"] for g in got] == [True, False, True, True, True]
     assert "transformers" in got[3]["goal"] and "transformers" in got[4]["goal"]
+
+
+def test_a_stated_nchw_step_pays_its_generations_measured_transposes(tmp_path):
+    """Lambda's PyTorch ResNet-50 ran contiguous NCHW (no --memory-format): its mixed-
+    precision steps pay the measured NCHW/NHWC ratio of the device's generation (V100
+    0.259/0.198 s, A100 627.030/420.047 images/s; the H100 borrows the A100's, widened);
+    its fp32 (TF32) steps pay nothing, and a fit reads such a step as its NHWC time."""
+    import dataclasses
+
+    from refdl.bench import memory_format as MF
+
+    points, _ = P.load()
+    lam = [p for p in points if p.source == "lambda-pytorch-bench" and p.kind == "step"]
+    assert len(lam) == 6 and all(p.memory_format == "nchw" for p in lam)
+    want = {("v100-nvlink", "amp"): (0.259 / 0.198, False),
+            ("a100-nvlink", "amp"): (627.030 / 420.047, False),
+            ("h100-nvlink", "amp"): (627.030 / 420.047, True)}  # fmt: skip
+    for p in lam:
+        factor, lent, source = P.nchw_cost(p, hw.load(p.hw))
+        assert (factor, lent) == pytest.approx(want.get((p.hw, p.precision), (1.0, False)))
+        assert bool(source) == (p.precision == "amp")
+        plain = dataclasses.replace(p, memory_format="")
+        assert P.step_times(p)[0] == pytest.approx(P.step_times(plain)[0] * factor)
+        assert P.step_times(p)[1] == P.step_times(plain)[1]  # the bound stays the peaks'
+    assert MF.nchw_cost("Tesla K80 (board, boost)", "float16", "nchw")[0] == 1.0  # no TCs
+    # a calibration step stated NCHW is fitted as the NHWC step it would have been
+    dle = next(p for p in points if p.source == "dle-pytorch-rn50" and p.kind == "step"
+               and p.hw == "v100-nvlink" and p.precision == "amp")  # fmt: skip
+    assert dle.memory_format == "nhwc"
+    slow = dataclasses.replace(dle, memory_format="nchw", value=dle.value / (0.259 / 0.198))
+    (_k, _m, a, _p), (_k2, _m2, b, _p2) = P._step_rows([dle, slow])
+    assert a == pytest.approx(b)
+    # a layout the data set does not know is refused with one line
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[[source]]\nid = "s"\npart = "heldout"\n\n[[point]]\nsource = "s"\n'
+        'kind = "step"\nmetric = "time_s"\nvalue = 1.0\nmemory_format = "chwn"\n'
+    )
+    with pytest.raises(UsageError, match="memory_format 'chwn' is not one of nchw, nhwc"):
+        P.load(bad)

@@ -29,6 +29,7 @@ from statistics import median
 from typing import Any
 
 from refdl import hw
+from refdl.bench import memory_format
 from refdl.cli import Parser
 from refdl.config.files import load_toml
 from refdl.config.values import Float, Int
@@ -74,6 +75,7 @@ class Point:
     fit: bool = True  # False: no fit reads it (a search's points on the calibration part)
     stack: str = ""  # a dated collective stack the source ran (refdl.hw.stacks); "": current
     year: int | None = None  # the source's year, where it states one
+    memory_format: str = ""  # a convolutional step's stated layout (refdl.bench.memory_format)
 
 
 # A point's numbers: a published figure is positive and finite, a message size finite
@@ -119,6 +121,10 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
             raise UsageError(f"--data {path}: point {i} names an unknown source")
         parallel_points.check_grad_reduce(p, f"--data {path}: point {i}")
         _check_point(p, f"--data {path}: point {i}")
+        if p.get("memory_format", "") not in ("", *memory_format.FORMATS):
+            raise UsageError(f"--data {path}: point {i}: memory_format "
+                             f"{p['memory_format']!r} is not one of "
+                             f"{', '.join(memory_format.FORMATS)}")  # fmt: skip
         if p.get("stack", "") and p["stack"] not in stacks.table():
             raise UsageError(f"--data {path}: point {i}: stack {p['stack']!r} is not one of "
                              f"{', '.join(stacks.table())}")  # fmt: skip
@@ -149,6 +155,7 @@ def load(path: str | Path = DATA) -> tuple[list[Point], dict[str, Any]]:
                 fit=bool(p.get("fit", True)),
                 stack=p.get("stack", ""),
                 year=years[p["source"]],
+                memory_format=p.get("memory_format", ""),
             )
         )
     stated = searches.load_stated(raw.get("search", []), parts, str(path), inherited)
@@ -207,14 +214,23 @@ def collective_times(p: Point, profile) -> tuple[float, float]:
                            _library(p, profile), nodes=p.nodes)  # fmt: skip
 
 
+def nchw_cost(p: Point, profile) -> tuple[float, bool, str]:
+    """The factor a step pays for its stated NCHW layout on tensor cores, whether it is
+    borrowed, and its source (``refdl.bench.memory_format``; 1 for any other step)."""
+    dtype = profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32"))
+    return memory_format.nchw_cost(profile.need_device().name, dtype, p.memory_format)
+
+
 def step_times(p: Point) -> tuple[float, float]:
-    """(expected, bound) seconds of one single-device step at the point's batch."""
+    """(expected, bound) seconds of one single-device step at the point's batch; the
+    expectation pays a stated NCHW layout's transposes (the bound, peaks, does not)."""
     from refdl.perf.prediction import predict_steps
     from refdl.strategies import traits_of
 
     row = predict_steps(p.hw, "single", traits_of("single"), p.model, p.batch or ASSUMED_BATCH, [1],
                         precision=PRECISION[p.precision])[0]  # fmt: skip
-    return row["step_time_s"], row["bound_step_time_s"]
+    factor = nchw_cost(p, hw.load(p.hw))[0]
+    return row["step_time_s"] * factor, row["bound_step_time_s"]
 
 
 def parallel_times(p: Point) -> tuple[float, tuple[float, float]]:
@@ -364,7 +380,11 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 err = t_pub / t - 1 if p.metric == "samples_per_s" else t / t_pub - 1
                 row.update(published=t_pub, predicted=t, bound=bound, error=err,
                            faster_than_bound=t_pub < bound * (1 - 1e-9))  # fmt: skip
-                _interval(row, "step", borrowed(p, hw.load(p.hw)))
+                profile = hw.load(p.hw)
+                factor, lent, _source = nchw_cost(p, profile)
+                if factor != 1.0:
+                    row.update(memory_format=p.memory_format, nchw_factor=factor)
+                _interval(row, "step", borrowed(p, profile) or lent)
             else:
                 if p.metric == "efficiency":
                     base_w, pub = 1, p.value
@@ -654,7 +674,8 @@ def _step_rows(points: list[Point]) -> list[tuple]:
         m = model_cost(p.model)
         dtype = profile.dtype_for(PRECISION[p.precision])
         peak = profile.device.peak_flops.get(dtype, profile.peak_flops)  # as view("expected")
-        achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * published_time(p))
+        nhwc_time = published_time(p) / nchw_cost(p, profile)[0]  # the layout the fit knows
+        achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * nhwc_time)
         model = p.model if m.op_class == "conv" else None
         rows.append(((profile.device.name, m.op_class, dtype), model, math.log(achieved), p))
     return rows
