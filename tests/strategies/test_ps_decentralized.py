@@ -127,6 +127,19 @@ def test_decentralized_devices_equal_serial_simulator(order, topo):
     leaves_close(par.params, ser.params)
 
 
+def test_decentralized_devices_accumulate_microbatches_as_the_simulator():
+    """``--microbatches 2`` on devices: the accumulation's scan runs inside the replicas'
+    shard_map (a JAX type error before 2026-11-28: its loss carry did not vary over the
+    replica axis) and equals the serial simulator's; mlp has no batch statistics, so it
+    equals one microbatch too."""
+    kw = {"model": "mlp", "strategy": "decentralized", "topology": "ring"}
+    _, two = run_steps(3, devices=4, microbatches=2, **kw)
+    _, ser = run_steps(3, simulate=True, workers=4, microbatches=2, **kw)
+    _, one = run_steps(3, devices=4, **kw)
+    leaves_close(two.params, ser.params)
+    leaves_close(two.params, one.params)
+
+
 def test_decentralized_gossip_devices_equal_serial_simulator():
     kw = {"model": "mlp", "gossip": True, "strategy": "decentralized", "topology": "torus"}
     strat, par = run_steps(4, devices=4, **kw)

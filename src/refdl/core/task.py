@@ -124,7 +124,13 @@ class Task:
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         stats = jax.tree.map(jnp.zeros_like, step_stats(model_state))
-        init = (jnp.zeros((), master_dtype(self.model.precision)), zeros, model_state, stats)
+        # the loss's zero varies (under shard_map) over every axis its inputs vary over, as
+        # the body's sum will: a decentralized replica's params and batch (scan's carry types)
+        anchors = [jax.tree.leaves(t)[0] for t in (params, batch) if jax.tree.leaves(t)]
+        dtype = master_dtype(self.model.precision)
+        loss0 = sum((jnp.zeros_like(a, shape=(), dtype=dtype) for a in anchors),
+                    jnp.zeros((), dtype))  # fmt: skip
+        init = (loss0, zeros, model_state, stats)
         (loss, grads, state, stats), _ = jax.lax.scan(body, init, split)
         # mixture-of-experts statistics: the step's, the mean over its microbatches
         state = with_step_stats(state, jax.tree.map(lambda v: v / microbatches, stats))
