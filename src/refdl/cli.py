@@ -53,6 +53,15 @@ class Parser(argparse.ArgumentParser):
         return self.add_subparsers(parser_class=Sub, **kwargs)
 
 
+def given_dests(make: Callable[[], argparse.ArgumentParser], argv: list[str]) -> set[str]:
+    """The destinations ``argv`` sets itself, a flag at its default value included (a
+    command whose parser has defaults cannot tell ``--cp ring`` from no ``--cp``): a fresh
+    parser from ``make``, every default made a marker, parses it again."""
+    parser, unset = make(), object()
+    parser.set_defaults(**dict.fromkeys(vars(parser.parse_args(argv)), unset))
+    return {k for k, v in vars(parser.parse_args(argv)).items() if v is not unset}
+
+
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The RunSpec fields the flags gave (parsed, not yet checked)."""
     from refdl.config.flags import flag_of, inner  # (JAX comes with them: not at start-up)

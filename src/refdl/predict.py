@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from refdl import hw
-from refdl.cli import Parser
+from refdl.cli import Parser, given_dests
 from refdl.config.choices import SPARSE_ALGORITHM as SPARSE
 from refdl.config.mesh import MeshLayout, MeshSpec
 from refdl.config.paths import writable_file
@@ -227,7 +227,9 @@ def _step_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--scaling", default="strong", help="strong (global batch) or weak")
     p.add_argument("--allreduce", default="ring")
-    p.add_argument("--microbatches", type=int, help="pipeline, hybrid: default 4; fsdp: default 1")
+    p.add_argument("--microbatches", type=int,
+                   help="pipeline stages: default 4, else 1; data: train's accumulated slices "
+                        "of each worker's batch (one slice's activations held)")  # fmt: skip
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--chunks", type=int, default=1)
     p.add_argument("--zero", type=int, default=3, help="fsdp: ZeRO stage 1, 2 or 3")
@@ -344,13 +346,15 @@ def _step_main(argv: list[str]) -> int:
                              f"{args.strategy}")  # fmt: skip
         if args.optimizer is None:  # the model's own, as plan and train take it
             args.optimizer = default_optimizer(args.model or "")
-        _check_options(args, traits)
+        given = given_dests(_step_parser, argv)  # at their default values too, as train
+        _check_options(args, traits, given)
         _check_transformer_options(args, model, traits.cost, workers)
         opts = PredictOptions(
             allreduce=args.allreduce,
             microbatches=_default_microbatches(traits, args.mesh)
             if args.microbatches is None
             else args.microbatches,
+            accumulate=args.microbatches or 1,  # data's: train's accumulation
             schedule=args.schedule,
             chunks=args.chunks,
             zero=args.zero,
@@ -433,16 +437,14 @@ def _step_main(argv: list[str]) -> int:
     return 0
 
 
-def _check_options(args: argparse.Namespace, traits: Any) -> None:
-    """A strategy's option given (off its default) with another strategy names those
-    that take it, as ``refdl train`` refuses it, instead of being silently ignored."""
+def _check_options(args: argparse.Namespace, traits: Any, given: set[str]) -> None:
+    """A strategy's option given with another strategy (at its default value too) names
+    those that take it, as ``refdl train`` refuses it, instead of being silently ignored."""
     from refdl.config.plan import STRATEGY_OPTIONS, check_options
     from refdl.strategies import declared_traits
 
-    defaults = _step_parser()
-    given = [k for k in STRATEGY_OPTIONS if k != "workers" and k in vars(args)  # a list here
-             and getattr(args, k) != defaults.get_default(k)]  # fmt: skip
-    check_options(given, args.strategy, traits, declared_traits())
+    mine = [k for k in STRATEGY_OPTIONS if k != "workers" and k in given]  # a list here
+    check_options(mine, args.strategy, traits, declared_traits())
 
 
 # Options that price a transformer's layers: a model priced by its compiled step (resnet50,
@@ -454,6 +456,8 @@ TRANSFORMER_OPTIONS = ("remat", "attention", "compute", "grad_reduce", "sequence
 def _check_transformer_options(
     args: argparse.Namespace, model: str, formula: str, workers: list[int]
 ) -> None:
+    """A transformer's option off its default where nothing prices it is refused (at its
+    default it is what a compiled step prices: no recomputation, fused attention)."""
     from refdl.perf.costs import unpriced
     from refdl.perf.model_cost import model_cost
 

@@ -432,6 +432,14 @@ UNUSED = [
     ("predict: fewer samples than replicas", "refdl.predict",
      ["--hw", "h100-nvlink", "--model", "resnet50", "--batch-size", "1", "--workers", "1,2,4,8"],
      "--batch-size 1 is smaller than the 2 replicas it splits over at 2 workers; give at least 2"),
+    ("predict: another strategy's option at its default", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "data", "--cp", "ring"],
+     "--cp is an option of --strategy context, hybrid, not of --strategy data"),
+    ("predict: fewer samples than microbatches", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "gpt2", "--strategy", "data", "--workers", "8",
+      "--batch-size", "16", "--microbatches", "4"],
+     "--batch-size 16 on 8 workers leaves 2 samples each, fewer than --microbatches 4; give at "
+     "least 32"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

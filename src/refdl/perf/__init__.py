@@ -91,6 +91,7 @@ class PredictOptions:
     # data: ring, tree, recursive-doubling, rabenseifner (xla, halving-doubling: aliases)
     allreduce: str = _opt("ring", Choice(ALLREDUCE_MODELS))
     microbatches: int = _opt(4, Int(min=1, max=1 << 16))  # pipeline, fsdp (stages 2, 3)
+    accumulate: int = _opt(1, Int(min=1, max=1 << 16))  # data: train's --microbatches slices
     zero: int = _opt(3, Int(min=1, max=3))  # fsdp: ZeRO stage
     schedule: str = _opt("1f1b", Choice(PIPELINE_SCHEDULES))  # pipeline
     chunks: int = _opt(1, Int(min=1, max=256))  # interleaved, looped-bfs pipeline

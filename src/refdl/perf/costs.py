@@ -206,15 +206,23 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
 
 @FORMULAS.register("data_parallel")
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
-    """Each worker computes B/P samples, then one allreduce of all fp32 gradients."""
-    b = batch / workers
+    """Each worker computes B/P samples, then one allreduce of all fp32 gradients. With
+    ``accumulate`` m (train's ``--microbatches``) it holds one slice's activations, B/(P m)
+    samples, and a transformer's shapes are priced per slice; a compiled step's own
+    per-slice overhead is not (as ``fsdp``'s microbatches: see docs/performance-model.md)."""
+    b, mb = batch / workers, opts.accumulate
+    if b < mb:
+        raise UsageError(f"--batch-size {batch} on {workers} workers leaves {b:g} samples "
+                         f"each, fewer than --microbatches {mb}; give at least "
+                         f"{workers * mb}")  # fmt: skip
+    piece = b / mb
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
-    shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts)
+    shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts, microbatches=mb)
     t += shaped
     if opts.compress is not None or opts.allreduce in SPARSE:
         comm, coding, wire = compressed_exchange(m, hw, workers, opts)
-        mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample + 4.0 * m.params
+        mem = _state_bytes(m, opts) + piece * m.activation_bytes_per_sample + 4.0 * m.params
         return CostBreakdown(compute_s=t + coding, comm_s=exposed(comm, t, opts.overlap),
                              memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire,
                              shape_s=shaped)  # fmt: skip
@@ -239,7 +247,7 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     else:
         comm_s = exposed(comm, t, opts.overlap)
     wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
-    mem = _state_bytes(m, opts) + b * m.activation_bytes_per_sample
+    mem = _state_bytes(m, opts) + piece * m.activation_bytes_per_sample
     return CostBreakdown(
         compute_s=t,
         comm_s=comm_s,
