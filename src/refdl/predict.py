@@ -333,8 +333,6 @@ def _step_main(argv: list[str]) -> int:
                                    args.seq_len)  # fmt: skip
         if args.seq_len and shape is None:
             model = with_seq(model, args.seq_len)
-        if shape is not None:
-            print(f"{PROG}: {describe(shape)}", file=sys.stderr)
         if args.strategy is None:  # a mesh of several axes is hybrid's
             args.strategy = "hybrid" if args.mesh else "data"
         workers = _ints(args.workers if args.workers is not None else
@@ -387,6 +385,8 @@ def _step_main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if shape is not None:  # once every check passed: bad input stays one line
+        print(f"{PROG}: {describe(shape)}", file=sys.stderr)
     if args.plot:
         try:
             plots.scaling(rows, args.plot)

@@ -440,6 +440,17 @@ UNUSED = [
       "--batch-size", "16", "--microbatches", "4"],
      "--batch-size 16 on 8 workers leaves 2 samples each, fewer than --microbatches 4; give at "
      "least 32"),
+    ("predict: a shape's zero width", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model-shape", "layers=4,d_model=256,heads=4,ffn=0"],
+     "--model-shape: ffn=0 would be read as its default (4 x d_model); leave ffn out"),
+    ("predict: two sequence lengths", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model-shape", "layers=4,d_model=256,heads=4,seq=4096",
+      "--seq-len", "2048"],
+     "--model-shape seq=4096 and --seq-len 2048 disagree; give the sequence once"),
+    ("predict: a shape, then a bad option", "refdl.predict",  # no shape line before it
+     ["--hw", "h100-nvlink", "--model-shape", "layers=4,d_model=256,heads=4", "--strategy",
+      "data", "--topology", "ring"],
+     "--topology is an option of --strategy decentralized, not of --strategy data"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

@@ -34,6 +34,11 @@ KEYS = {"layers": "layers", "d_model": "d_model", "heads": "heads", "kv_heads": 
         "dense_ffn": "dense_ffn", "q_lora": "q_lora", "kv_lora": "kv_lora",
         "rope_dim": "rope_dim", "v_head_dim": "v_head_dim"}  # fmt: skip
 FLAGS = ("glu", "tied", "positions")
+# Keys whose 0 stands for a default in TransformerShape: given as 0 on the command line it
+# would silently be that default, so it is refused (leaving the key out gives it).
+ZERO_IS_DEFAULT = {"ffn": "4 x d_model", "kv_heads": "heads", "head_dim": "d_model / heads",
+                   "dense_ffn": "ffn", "v_head_dim": "head_dim",
+                   "seq": "--seq-len or 2,048"}  # fmt: skip
 REQUIRED = ("layers", "d_model", "heads")
 # The largest each key may be: far beyond any model trained (so that a typo is one line,
 # not a memory error); the widths' (d_model, ffn, heads, ...) is WIDEST.
@@ -64,7 +69,7 @@ HF = {
 
 def parse_shape(text: str, seq_len: int | None = None) -> TransformerShape:
     """``layers=L,d_model=D,heads=H[,kv_heads=G][,ffn=F][,vocab=V][,experts=E,top_k=K,
-    shared_experts=S][,glu=1]...`` as a shape (``seq_len`` wins over ``seq=``)."""
+    shared_experts=S][,glu=1]...`` as a shape (``seq_len`` or ``seq=``, not two different)."""
     given: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
@@ -85,7 +90,14 @@ def parse_shape(text: str, seq_len: int | None = None) -> TransformerShape:
             raise UsageError(f"--model-shape: {key} is 0 or 1 (got {value})")
         if number < 0:
             raise UsageError(f"--model-shape: {key} must be >= 0 (got {value})")
+        if number == 0 and key in ZERO_IS_DEFAULT:
+            raise UsageError(f"--model-shape: {key}=0 would be read as its default "
+                             f"({ZERO_IS_DEFAULT[key]}); leave {key} out for that, or give a "
+                             "size")  # fmt: skip
         values[key] = bool(number) if key in FLAGS else number
+    if seq_len and values.get("seq") not in (None, seq_len):
+        raise UsageError(f"--model-shape seq={values['seq']} and --seq-len {seq_len} disagree; "
+                         "give the sequence once")  # fmt: skip
     return _shape(values, seq_len, "--model-shape")
 
 
