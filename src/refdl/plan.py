@@ -32,6 +32,7 @@ from refdl.config.values import Int, memory_size
 from refdl.errors import UsageError
 from refdl.hw import load, stacks
 from refdl.perf import add_transformer_flags
+from refdl.progress import Progress
 
 # The model zoo, the step model and the strategies (JAX and Flax: about 1 s) are imported
 # after the arguments are checked, where they are used: a mistake answers at once.
@@ -214,16 +215,24 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--run trains refdl's models ({', '.join(MODELS.names())}); "
                                  f"{args.model} is a shape only")  # fmt: skip
         precisions = args.precision and tuple(x.strip() for x in args.precision.split(","))
+        bar: list[Progress] = []
+
+        def tick(done: int, total: int) -> None:
+            """A long search's progress (a bar on a terminal, a line every 10 s else)."""
+            if not bar:
+                bar.append(Progress(total, PROG, unit="layout"))
+            bar[0].update(done - bar[0].n)
+            if done >= total:
+                bar[0].close()
+
         record, _ = plan_configurations(
             args.hw, args.model, args.devices, args.batch_size, strategies=declared_traits(),
             seq_len=args.seq_len, top=args.top, precisions=precisions or None,
             memory_limit=memory_size(args.memory_limit) if args.memory_limit else None,
             optimizer=args.optimizer, library=args.library, runnable_only=args.run,
             ties=args.ties, lossy=args.lossy, compute=args.compute,
-            grad_reduce=args.grad_reduce,
+            grad_reduce=args.grad_reduce, tick=tick,
         )  # fmt: skip
-        if record["memory_limit_note"]:
-            print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
         if not record["configurations"] and not record["did_not_fit"]:  # none valid at all
             raise UsageError(
                 f"no layout of {args.model} on {args.devices} devices splits it: the batch "
@@ -240,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if record["memory_limit_note"]:  # after the checks: bad input stays one line
+        print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
     if args.plot:
         draw(record, args.plot)
     if shape is not None:

@@ -415,3 +415,15 @@ def test_predict_takes_plans_defaults_and_json_stage_cuts():
             assert ref and ref[0]["microbatches"] == 1
             assert got["step_time_s"] == pytest.approx(ref[0]["step_time_s"], rel=1e-9)
             assert got["memory_bytes"] == ref[0]["memory_bytes_per_device"]
+
+
+def test_a_search_reports_its_progress_to_the_end():
+    """``tick(done, total)`` follows the (mesh, precision) pairs a search visits and ends
+    at the total even where the bound stops it early (``refdl plan``'s progress line)."""
+    ticks: list[tuple[int, int]] = []
+    planner = Planner(model_cost("gpt2"), hw.load("a100-nvlink"), 8, 64,
+                      strategies=declared_traits())  # fmt: skip
+    found = planner.search(3, lambda done, total: ticks.append((done, total)))
+    total = ticks[0][1]
+    assert total >= planner.mesh_count and ticks[-1] == (total, total)
+    assert [d for d, _ in ticks] == sorted(d for d, _ in ticks) and len(found.found) == 3

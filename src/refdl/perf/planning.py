@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from refdl import hw
@@ -125,6 +125,7 @@ def plan_configurations(
     lossy: bool = False,
     compute: str = "shape",
     grad_reduce: str = "fp32",
+    tick: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """The ``top`` fastest configurations of ``model`` on ``devices`` devices of profile
     ``hw_name`` at global batch ``batch_size``: the ``--json`` record and the search.
@@ -133,7 +134,8 @@ def plan_configurations(
     rank by time (``TIE_ORDERS``); ``lossy``: data's compressed exchanges priced too
     (``search.LOSSY``; they change the training); ``compute``: a transformer's products
     priced by shape (``refdl.perf.gemm``) or every FLOP alike (``flops``); ``grad_reduce``:
-    a transformer's gradients reduced in fp32 or in the compute precision."""
+    a transformer's gradients reduced in fp32 or in the compute precision; ``tick(done,
+    total)``: the search's progress over its layouts."""
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -171,7 +173,7 @@ def plan_configurations(
         runnable_only=runnable_only, strategies=strategies, muon=optimizer == "muon",
         lossy=lossy, compute=compute, grad_reduce=grad_reduce,
     )  # fmt: skip
-    result = planner.search(top)
+    result = planner.search(top, tick)
     seconds = time.perf_counter() - t0
     shown = list(result.found)
     if ties == "simplest":  # the tie set first, simplest first; then the fastest of the rest

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import heapq
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from refdl.config.mesh import AXES, MeshSpec
@@ -502,10 +502,13 @@ class Planner:
                 break  # no context axis: the attention's kind changes nothing
         return least
 
-    def search(self, top: int | None = None) -> Search:
+    def search(
+        self, top: int | None = None, tick: Callable[[int, int], None] | None = None
+    ) -> Search:
         """Every valid configuration priced; those that fit, fastest first. With ``top``,
         only the first ``top``: meshes are visited in the order of their lower bound
-        (``bound``) and those whose bound cannot beat the ``top``-th found are skipped."""
+        (``bound``) and those whose bound cannot beat the ``top``-th found are skipped.
+        ``tick(done, total)``: called as the (mesh, precision) pairs are visited."""
         found: list[Priced] = []
         order = []
         for mesh in meshes(self.n, self.axes()):
@@ -515,7 +518,9 @@ class Planner:
         order.sort(key=lambda x: x[0])
         worst: list[float] = []  # the top fastest step times so far (a max-heap, negated)
         best = float("inf")
-        for lower, i, mesh in order:
+        for k, (lower, i, mesh) in enumerate(order):
+            if tick is not None:
+                tick(k, len(order))
             if top and len(worst) >= top and lower >= max(-worst[0], best * TIE_BAND):
                 break  # no later mesh can enter the top, nor tie with the fastest
             for c in self.candidates(mesh, (self.precisions[i],)):
@@ -528,6 +533,8 @@ class Planner:
                     heapq.heappush(worst, -p.step_time_s)
                     if len(worst) > top:
                         heapq.heappop(worst)
+        if tick is not None:
+            tick(len(order), len(order))
         found.sort(key=lambda p: (p.step_time_s, p.memory_bytes))
         tie_set = [p for p in found if p.step_time_s <= best * TIE_BAND]
         return Search(found[:top] if top else found, self.priced, self.mesh_count, self.too_big,
