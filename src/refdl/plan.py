@@ -208,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                                  f"layers, and {args.model} "
                                  "is priced by its compiled step, which has no such term; "
                                  "drop it")  # fmt: skip
+            from refdl.perf.costs import compute_unpriced
+
+            if "compute" in given and (why := compute_unpriced(model_cost(args.model))):
+                raise UsageError(f"--compute {args.compute} changes nothing: {why}; drop "
+                                 "it")  # fmt: skip
         if args.run:
             from refdl.models import MODELS
 

@@ -458,7 +458,7 @@ def _check_transformer_options(
 ) -> None:
     """A transformer's option off its default where nothing prices it is refused (at its
     default it is what a compiled step prices: no recomputation, fused attention)."""
-    from refdl.perf.costs import unpriced
+    from refdl.perf.costs import compute_unpriced, unpriced
     from refdl.perf.model_cost import model_cost
 
     defaults = _step_parser()
@@ -467,6 +467,9 @@ def _check_transformer_options(
         raise UsageError(f"--{given[0].replace('_', '-')} prices a transformer's layers, and "
                          f"{model} is priced by its compiled step, which has no such term; "
                          "drop it (or give a transformer: a zoo one or --model-shape)")  # fmt: skip
+    if "compute" in given and (why := compute_unpriced(model_cost(model))):
+        raise UsageError(f"--compute {args.compute} changes nothing: {why}; drop it (a zoo "
+                         "GPT such as gpt3-1.3b or --model-shape is priced by shape)")  # fmt: skip
     if "stage_boundaries" in given and formula == "mesh" and _pipe_of(args.mesh) == 1:
         raise UsageError(f"--stage-boundaries cuts pipeline stages, and --mesh "
                          f"{args.mesh or 'data=N/2,model=2 (the default)'} has none; add "

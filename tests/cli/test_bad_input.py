@@ -451,6 +451,9 @@ UNUSED = [
      ["--hw", "h100-nvlink", "--model-shape", "layers=4,d_model=256,heads=4", "--strategy",
       "data", "--topology", "ring"],
      "--topology is an option of --strategy decentralized, not of --strategy data"),
+    ("predict: products by shape for a compiled step", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "gpt2", "--workers", "8", "--compute", "flops"],
+     "--compute flops changes nothing: gpt2 is priced by its compiled step"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN

@@ -485,6 +485,16 @@ def whole_model_shape(m: ModelCost, hw: Any, sequences: float, mesh: MeshSpec,
     return microbatches * shape_overhead(m, hw, sequences / microbatches, busiest, mesh, opts)
 
 
+def compute_unpriced(m: ModelCost) -> str | None:
+    """Why ``--compute`` would change nothing for ``m`` (None where it prices it): a
+    transformer costed by XLA's compiled step (gpt2, refdl's transformer and moe) runs at a
+    fraction fitted on whole steps, which already holds its products' shapes."""
+    if m.transformer is not None and m.op_class != "transformer":
+        return (f"{m.name} is priced by its compiled step, whose fitted fraction already "
+                "holds its products' shapes")  # fmt: skip
+    return None
+
+
 def shape_overhead(m: ModelCost, hw: Any, sequences: float, layers: float, mesh: MeshSpec,
                    opts: PredictOptions) -> float:  # fmt: skip
     """One microbatch of ``sequences`` on the busiest device of ``layers``: what its matrix
