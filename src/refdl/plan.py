@@ -256,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if record["memory_limit_note"]:  # after the checks: bad input stays one line
         print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
+    if record["overhead_note"]:
+        print(f"{PROG}: note: {record['overhead_note']} a step, once more for each "
+              "microbatch; the rows are bounds, and a layout with more microbatches or "
+              "stages pays more launches than they show", file=sys.stderr)  # fmt: skip
     if args.plot:
         draw(record, args.plot)
     if shape is not None:

@@ -427,3 +427,18 @@ def test_a_search_reports_its_progress_to_the_end():
     total = ticks[0][1]
     assert total >= planner.mesh_count and ticks[-1] == (total, total)
     assert [d for d, _ in ticks] == sorted(d for d, _ in ticks) and len(found.found) == 3
+
+
+def test_plan_says_when_a_compiled_model_is_priced_below_its_launches():
+    """mlp on an H100 profile (no per-kernel figure) plans in microseconds: plan says its
+    38 operations take at least 38 x 2.83 us a step (predict's note), and says nothing
+    for a GPT whose step is far above its launches."""
+    small = plan("--hw", "h100-nvlink", "--model", "mlp", "--devices", "8", "--batch-size",
+                 "64", "--json")  # fmt: skip
+    assert small.returncode == 0, small.stderr
+    note = json.loads(small.stdout)["overhead_note"]
+    assert "38 operations of mlp's step" in note and "at least 0.108 ms" in note
+    assert "a layout with more microbatches or stages pays more launches" in small.stderr
+    big = plan("--hw", "h100-nvlink", "--model", "gpt3-1.3b", "--devices", "8",
+               "--batch-size", "64", "--json")  # fmt: skip
+    assert big.returncode == 0 and json.loads(big.stdout)["overhead_note"] is None

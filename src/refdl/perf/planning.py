@@ -136,6 +136,7 @@ def plan_configurations(
     priced by shape (``refdl.perf.gemm``) or every FLOP alike (``flops``); ``grad_reduce``:
     a transformer's gradients reduced in fp32 or in the compute precision; ``tick(done,
     total)``: the search's progress over its layouts."""
+    from refdl.perf.prediction import overhead_note
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -193,6 +194,11 @@ def plan_configurations(
         # a limit above the profile's card (80 GiB on an 80 GB profile, or a larger card
         # priced on its sibling's profile) is taken, and said
         "memory_limit_note": note,
+        # a compiled model priced below its kernels' launches (a GPU profile has no
+        # per-kernel figure): the rows are FLOP-and-byte bounds, not a ranking
+        "overhead_note": overhead_note(profile, cost, result.found[0].step_time_s)
+        if result.found
+        else None,
         "priced": result.priced,
         "meshes": result.meshes,
         "did_not_fit": result.too_big,
