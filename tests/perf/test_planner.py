@@ -108,6 +108,8 @@ def test_memory_sizes():
     for bad in ("inf", "1e400", "-5", "8 parsecs"):
         with pytest.raises(UsageError):
             memory_size(bad)
+    with pytest.raises(UsageError, match=r"a lower-case b is bits; give bytes with B, e\.g\. 3MiB"):
+        memory_size("3Mib")  # bits, not 3 MiB (read as bytes before 2026-11-28)
 
 
 def test_configurations_refdl_train_cannot_run_carry_no_flags():

@@ -285,6 +285,9 @@ def memory_size(text: str) -> float:
     m = _SIZE.match(text)
     if not m or float(m.group(1)) <= 0:
         raise UsageError(f"--memory-limit {text!r}: give bytes, e.g. 80GB, 64MiB or 8e10")
+    if (m.group(2) or "").endswith("b"):  # a lower-case b is bits (Gb): say bytes
+        raise UsageError(f"--memory-limit {text!r}: a lower-case b is bits; give bytes with "
+                         f"B, e.g. {m.group(1)}{m.group(2)[:-1].capitalize()}B")  # fmt: skip
     unit = (m.group(2) or "B").upper().rstrip("B")
     base = 1024 if "I" in unit else 1000
     power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit.rstrip("I")]
