@@ -264,6 +264,12 @@ def test_a_precision_the_profile_lists_no_peak_for_is_said():
     fp16 = predict_steps("p100-nvlink", "data", traits_of("data"), "mlp", 64, [1],
                          precision="fp16")[0]  # fmt: skip
     assert "lists no" not in fp16.get("note", "")  # the kernels' floor may be said
+    # fp32 on a card with TF32 is priced at TF32's peak, and said (with the true fp32 gap)
+    a100 = predict_steps("a100-nvlink", "data", traits_of("data"), "resnet50", 64, [1])[0]
+    assert "fp32 is priced at the card's TF32 peak" in a100["note"] and "8x slower" in a100["note"]
+    bf = predict_steps("a100-nvlink", "data", traits_of("data"), "resnet50", 64, [1],
+                       precision="bf16")[0]  # fmt: skip
+    assert "TF32" not in bf.get("note", "")
 
 
 def test_a_step_priced_below_its_kernels_launches_is_said():

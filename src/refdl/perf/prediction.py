@@ -30,8 +30,16 @@ from refdl.perf.straggler import straggled
 
 
 def precision_note(profile: Any, precision: str) -> str | None:
-    """What a profile without the precision's peak prices it at (said, not silent)."""
+    """What a profile without the precision's peak prices it at, and fp32 priced at a
+    card's TF32 peak (said, not silent)."""
     d = profile.device
+    if d is not None and precision == "fp32" and profile.dtype_for(precision) == "tf32":
+        fp32 = d.peak_flops.get("float32")
+        slower = f", {d.peak_flops['tf32'] / fp32:.0f}x slower" if fp32 else ""
+        return ("fp32 is priced at the card's TF32 peak, as JAX, TensorFlow and cuDNN's "
+                "convolutions run it by default; products kept in fp32 (PyTorch's matmuls "
+                "unless set_float32_matmul_precision('high')) run at the fp32 peak"
+                f"{slower}")  # fmt: skip
     if d is None or profile.dtype_for(precision) in d.peak_flops:
         return None
     return (f"{profile.name} lists no {precision} peak (only {', '.join(d.peak_flops)}): "
