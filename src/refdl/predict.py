@@ -346,6 +346,7 @@ def _step_main(argv: list[str]) -> int:
             args.optimizer = default_optimizer(args.model or "")
         given = given_dests(_step_parser, argv)  # at their default values too, as train
         _check_options(args, traits, given)
+        _check_pairings(args, traits, given)
         _check_transformer_options(args, model, traits.cost, workers)
         opts = PredictOptions(
             allreduce=args.allreduce,
@@ -445,6 +446,25 @@ def _check_options(args: argparse.Namespace, traits: Any, given: set[str]) -> No
 
     mine = [k for k in STRATEGY_OPTIONS if k != "workers" and k in given]  # a list here
     check_options(mine, args.strategy, traits, declared_traits())
+
+
+def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> None:
+    """Options train takes only together with another, refused apart as train refuses
+    them (each would otherwise be priced as if absent)."""
+    if "muon" in given and args.optimizer != "muon":
+        raise UsageError(f"--muon {args.muon} is a scheme of --optimizer muon; add it")
+    if "ps_groups" in given and args.ps_mode != "hierarchical":
+        raise UsageError("--ps-groups G sets --ps-mode hierarchical's learner groups (each "
+                         "behind an aggregator rank); add --ps-mode hierarchical")  # fmt: skip
+    if traits.cost == "gossip" and "allreduce" in given:
+        if args.allreduce != "sparse":
+            raise UsageError(f"--allreduce {args.allreduce}: decentralized averages with its "
+                             "neighbours, not by an allreduce; --allreduce sparse sends them "
+                             "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
+        if not args.compress:
+            raise UsageError("--allreduce sparse sends the top-k of each replica's change; "
+                             "add --compress topk:RATIO (e.g. topk:0.01 or "
+                             "topk:0.01,q4)")  # fmt: skip
 
 
 # Options that price a transformer's layers: a model priced by its compiled step (resnet50,

@@ -454,6 +454,16 @@ UNUSED = [
     ("predict: products by shape for a compiled step", "refdl.predict",
      ["--hw", "a100-nvlink", "--model", "gpt2", "--workers", "8", "--compute", "flops"],
      "--compute flops changes nothing: gpt2 is priced by its compiled step"),
+    ("predict: a Muon scheme without Muon", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "fsdp", "--muon", "owner"],
+     "--muon owner is a scheme of --optimizer muon; add it"),
+    ("predict: learner groups without the hierarchy", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "ps", "--ps-groups", "2"],
+     "--ps-groups G sets --ps-mode hierarchical's learner groups"),
+    ("predict: an allreduce for gossip", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
+      "--allreduce", "sparse"],
+     "--allreduce sparse sends the top-k of each replica's change; add --compress"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
