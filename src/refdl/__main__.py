@@ -36,7 +36,14 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``refdl COMMAND ARGS``: the command's own CLI with ``ARGS``."""
+    """Run ``refdl COMMAND ARGS`` (the console script's entry): the command's own CLI with
+    ``ARGS``, its failures to write and Ctrl-C one line each (``exit_status``)."""
+    from refdl.errors import exit_status
+
+    return exit_status(lambda: _dispatch(argv), "refdl")
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:  # bad input: one line on stderr, as every command's
         print(f"refdl: error: no command given; choose one of: {', '.join(COMMANDS)} "
@@ -55,6 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from refdl.errors import exit_status
-
-    sys.exit(exit_status(main, "refdl"))
+    sys.exit(main())

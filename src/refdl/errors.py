@@ -75,6 +75,10 @@ def exit_status(main: Callable[[], int | None], prog: str) -> int:
     except UsageError as e:  # (a command that did not catch its own: still one line)
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in a command that keeps no state (plan, predict,
+        # bench): one line and the shell's 130, not a traceback (train handles its own)
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `| head` closed the pipe: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

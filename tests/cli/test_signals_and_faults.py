@@ -53,6 +53,21 @@ def test_sigint_during_start_up_is_one_line_and_no_folder(tmp_path):
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_during_a_long_plan_is_one_line_and_130():
+    """A plan of 10,000 layers on 131,072 devices runs for minutes; Ctrl-C ends it with
+    one line and the shell's 130 (a KeyboardInterrupt traceback before 2026-11-28)."""
+    shape = "layers=10000,d_model=65536,heads=512"
+    proc = subprocess.Popen([sys.executable, "-m", "refdl", "plan", "--hw", "h100-nvlink-ib-ndr",
+                             "--model-shape", shape, "--devices", "131072", "--batch-size",
+                             "131072"], cwd=ROOT, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(6)  # past the imports, into the search
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "layouts (" not in ln]
+    assert proc.returncode == 130 and lines == ["refdl: interrupted"], err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
 def test_sigterm_while_training_checkpoints_and_resumes_exactly(tmp_path):
     out = tmp_path / "run"
