@@ -39,6 +39,14 @@ def _accepted(option: str, value: str) -> bool:
     return True
 
 
+def varying_axes(x: jax.Array) -> frozenset[str]:
+    """The shard_map axes ``x`` varies over (empty outside shard_map): JAX 0.10's
+    ``manual_axis_type.varying``, earlier versions' ``vma``."""
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(t, "vma", ()))
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """What to train: ``model`` on ``loss`` with ``optimizer``; ``sample_x`` fixes input shapes."""
@@ -122,14 +130,19 @@ class Task:
             stats = jax.tree.map(jnp.add, stats, step_stats(state))
             return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads), state, stats), None
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        stats = jax.tree.map(jnp.zeros_like, step_stats(model_state))
-        # the loss's zero varies (under shard_map) over every axis its inputs vary over, as
-        # the body's sum will: a decentralized replica's params and batch (scan's carry types)
-        anchors = [jax.tree.leaves(t)[0] for t in (params, batch) if jax.tree.leaves(t)]
-        dtype = master_dtype(self.model.precision)
-        loss0 = sum((jnp.zeros_like(a, shape=(), dtype=dtype) for a in anchors),
-                    jnp.zeros((), dtype))  # fmt: skip
+        # The carry's zeros vary (under shard_map) over every axis the inputs vary over, as
+        # the body's sums will (a decentralized replica's params and batch): scan needs the
+        # carry's types to match. Outside shard_map nothing varies and they stay plain.
+        inputs = jax.tree.leaves((params, batch, model_state))
+        axes = tuple(sorted(set().union(*(varying_axes(a) for a in inputs))))
+
+        def varying(x: jax.Array) -> jax.Array:
+            missing = tuple(a for a in axes if a not in varying_axes(x))
+            return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+        zeros = jax.tree.map(lambda p: varying(jnp.zeros_like(p)), params)
+        stats = jax.tree.map(lambda s: varying(jnp.zeros_like(s)), step_stats(model_state))
+        loss0 = varying(jnp.zeros((), master_dtype(self.model.precision)))
         init = (loss0, zeros, model_state, stats)
         (loss, grads, state, stats), _ = jax.lax.scan(body, init, split)
         # mixture-of-experts statistics: the step's, the mean over its microbatches
