@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         def tick(done: int, total: int) -> None:
             """A long search's progress (a bar on a terminal, a line every 10 s else)."""
             if not bar:
-                bar.append(Progress(total, PROG, unit="layout"))
+                bar.append(Progress(total, PROG, unit="layout", leave=False))  # no 2nd line
             bar[0].update(done - bar[0].n)
             if done >= total:
                 bar[0].close()
@@ -257,9 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if record["memory_limit_note"]:  # after the checks: bad input stays one line
         print(f"{PROG}: note: {record['memory_limit_note']}", file=sys.stderr)
     if record["overhead_note"]:
-        print(f"{PROG}: note: {record['overhead_note']} a step, once more for each "
-              "microbatch; the rows are bounds, and a layout with more microbatches or "
-              "stages pays more launches than they show", file=sys.stderr)  # fmt: skip
+        print(f"{PROG}: note: {record['overhead_note']}", file=sys.stderr)
     if args.plot:
         draw(record, args.plot)
     if shape is not None:

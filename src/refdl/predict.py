@@ -451,17 +451,17 @@ def _check_options(args: argparse.Namespace, traits: Any, given: set[str]) -> No
 def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> None:
     """Options train takes only together with another, refused apart as train refuses
     them (each would otherwise be priced as if absent)."""
-    if "muon" in given and args.optimizer != "muon":
+    if args.muon != "gather" and args.optimizer != "muon":  # gather: train's default too
         raise UsageError(f"--muon {args.muon} is a scheme of --optimizer muon; add it")
-    if "ps_groups" in given and args.ps_mode != "hierarchical":
-        raise UsageError("--ps-groups G sets --ps-mode hierarchical's learner groups (each "
-                         "behind an aggregator rank); add --ps-mode hierarchical")  # fmt: skip
-    if traits.cost == "gossip" and "allreduce" in given:
-        if args.allreduce != "sparse":
+    if ("ps_groups" in given) != (args.ps_mode == "hierarchical") and traits.has_servers:
+        raise UsageError("--ps-mode hierarchical and --ps-groups G go together (G learner "
+                         "groups, each behind an aggregator rank)")  # fmt: skip
+    if traits.cost == "gossip" and "allreduce" in given:  # (--compress alone: CHOCO's)
+        if args.allreduce not in ("xla", "sparse"):
             raise UsageError(f"--allreduce {args.allreduce}: decentralized averages with its "
                              "neighbours, not by an allreduce; --allreduce sparse sends them "
                              "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
-        if not args.compress:
+        if args.allreduce == "sparse" and not args.compress:
             raise UsageError("--allreduce sparse sends the top-k of each replica's change; "
                              "add --compress topk:RATIO (e.g. topk:0.01 or "
                              "topk:0.01,q4)")  # fmt: skip

@@ -28,7 +28,7 @@ class Progress:
     """A bar on a terminal, else a plain line every ``every_s`` seconds and at the end."""
 
     def __init__(self, total: int, what: str, initial: int = 0, unit: str = "step",
-                 every_s: float = 10.0) -> None:  # fmt: skip
+                 every_s: float = 10.0, leave: bool = True) -> None:  # fmt: skip
         self.total, self.what, self.n, self.unit = total, what, initial, unit
         self.every_s, self.postfix = every_s, ""
         self.t0 = self.last = time.monotonic()
@@ -39,7 +39,8 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit=unit, dynamic_ncols=True,
-                            mininterval=0.5, file=sys.stderr, desc=what)  # fmt: skip
+                            mininterval=0.5, file=sys.stderr, desc=what,
+                            leave=leave)  # fmt: skip
 
     def update(self, n: int = 1) -> None:
         self.n += n

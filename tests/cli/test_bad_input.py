@@ -459,7 +459,7 @@ UNUSED = [
      "--muon owner is a scheme of --optimizer muon; add it"),
     ("predict: learner groups without the hierarchy", "refdl.predict",
      ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "ps", "--ps-groups", "2"],
-     "--ps-groups G sets --ps-mode hierarchical's learner groups"),
+     "--ps-mode hierarchical and --ps-groups G go together"),
     ("predict: an allreduce for gossip", "refdl.predict",
      ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
       "--allreduce", "sparse"],

@@ -5,6 +5,8 @@ first; the pruned search finds what the exhaustive one does; the configurations 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -444,3 +446,25 @@ def test_plan_says_when_a_compiled_model_is_priced_below_its_launches():
     big = plan("--hw", "h100-nvlink", "--model", "gpt3-1.3b", "--devices", "8",
                "--batch-size", "64", "--json")  # fmt: skip
     assert big.returncode == 0 and json.loads(big.stdout)["overhead_note"] is None
+
+
+def test_a_data_layout_that_fits_by_accumulating_is_found_and_priced_as_predict():
+    """ResNet-50 at batch 4,096 on 8 A100s within 40 GB: plain data parallelism fits only
+    by accumulating 2 microbatches (train's --microbatches); plan finds it (before
+    2026-11-28 data priced every count alike) and predict prices the same memory."""
+    from refdl.predict import main as predict_main
+
+    found = Planner(model_cost("resnet50"), hw.load("a100-nvlink"), 8, 4096, memory_limit=40e9,
+                    strategies=declared_traits()).search(1).found[0]  # fmt: skip
+    assert found.config.mesh.data == 8 and found.config.mesh.size == 8
+    assert found.config.microbatches == 2
+    assert found.memory_bytes < 40e9
+    argv = ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "data", "--workers",
+            "8", "--batch-size", "4096", "--precision", found.config.precision,
+            "--json"]  # fmt: skip
+    rows = []
+    for mb in ("1", "2"):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert predict_main([*argv, "--microbatches", mb]) == 0
+        rows.append(json.loads(out.getvalue())[0])
+    assert rows[0]["memory_bytes"] > 40e9 and rows[1]["memory_bytes"] == found.memory_bytes

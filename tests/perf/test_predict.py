@@ -451,13 +451,14 @@ def test_a_mesh_of_another_size_names_predicts_own_flag(capsys):
 
 def test_data_accumulates_microbatches_holding_one_slices_activations(capsys):
     """``--microbatches`` m with data is train's accumulation: the step holds one slice's
-    activations, B/(P m) samples (priced before 2026-11-28 as if absent); the exchange is
+    activations, B/(P m) samples, and the slices' fp32 gradient sum (priced before
+    2026-11-28 as if absent); the exchange is
     once a step; a slice smaller than a sample is refused; a strategy's option at its
     default value with another strategy is refused, as train refuses it."""
     m, profile = model_cost("resnet50"), hw.load("a100-nvlink")
     one = K.data(m, profile, 256, 8, PredictOptions())
     four = K.data(m, profile, 256, 8, PredictOptions(accumulate=4))
-    held = (32 - 8) * m.activation_bytes_per_sample
+    held = (32 - 8) * m.activation_bytes_per_sample - 4 * m.params  # less the gradient sum
     assert one.memory_bytes - four.memory_bytes == pytest.approx(held, abs=1)
     assert (four.compute_s, four.comm_s, four.comm_bytes) == (one.compute_s, one.comm_s,
                                                               one.comm_bytes)  # fmt: skip

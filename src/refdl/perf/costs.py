@@ -184,6 +184,16 @@ def unpriced(option: str, formula: str, ranks: int) -> tuple[str | None, str | N
     return UNPRICED.get((option, formula), (None, None))
 
 
+def _accumulated(m: ModelCost, b: float, mb: int) -> float:
+    """Bytes of a replica's activations with ``mb`` accumulated slices of its ``b``
+    samples (train's ``--microbatches``): one slice's, and beside them the fp32 sum of
+    the slices' gradients (scan's carry) where there are several."""
+    if b < mb:
+        raise UsageError(f"each replica's {b:g} samples are fewer than --microbatches {mb}; "
+                         f"give a batch of at least {mb} a replica")  # fmt: skip
+    return b / mb * m.activation_bytes_per_sample + (4.0 * m.params if mb > 1 else 0.0)
+
+
 @FORMULAS.register("one_device")
 def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """The whole step on one device: compute (operations or roofline), no communication."""
@@ -208,21 +218,22 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
 def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> CostBreakdown:
     """Each worker computes B/P samples, then one allreduce of all fp32 gradients. With
     ``accumulate`` m (train's ``--microbatches``) it holds one slice's activations, B/(P m)
-    samples, and a transformer's shapes are priced per slice; a compiled step's own
-    per-slice overhead is not (as ``fsdp``'s microbatches: see docs/performance-model.md)."""
+    samples, and the slices' gradient sum (``_accumulated``), and a transformer's shapes
+    are priced per slice; a compiled step's own per-slice overhead is not (as ``fsdp``'s
+    microbatches: see docs/performance-model.md)."""
     b, mb = batch / workers, opts.accumulate
     if b < mb:
         raise UsageError(f"--batch-size {batch} on {workers} workers leaves {b:g} samples "
                          f"each, fewer than --microbatches {mb}; give at least "
                          f"{workers * mb}")  # fmt: skip
-    piece = b / mb
+    held = _accumulated(m, b, mb)
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
     shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts, microbatches=mb)
     t += shaped
     if opts.compress is not None or opts.allreduce in SPARSE:
         comm, coding, wire = compressed_exchange(m, hw, workers, opts)
-        mem = _state_bytes(m, opts) + piece * m.activation_bytes_per_sample + 4.0 * m.params
+        mem = _state_bytes(m, opts) + held + 4.0 * m.params
         return CostBreakdown(compute_s=t + coding, comm_s=exposed(comm, t, opts.overlap),
                              memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire,
                              shape_s=shaped)  # fmt: skip
@@ -247,7 +258,7 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     else:
         comm_s = exposed(comm, t, opts.overlap)
     wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
-    mem = _state_bytes(m, opts) + piece * m.activation_bytes_per_sample
+    mem = _state_bytes(m, opts) + held
     return CostBreakdown(
         compute_s=t,
         comm_s=comm_s,
@@ -626,7 +637,7 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     else:
         own = 2 * (link.alpha + m.param_bytes * link.beta)
         comm = max(own, sync - t)
-    mem = _state_bytes(m, PredictOptions(optimizer_words=0)) + b * m.activation_bytes_per_sample
+    mem = _state_bytes(m, PredictOptions(optimizer_words=0)) + _accumulated(m, b, opts.accumulate)
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
@@ -678,7 +689,7 @@ def decentralized(
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
-        memory_bytes=int(mem + b * m.activation_bytes_per_sample),
+        memory_bytes=int(mem + _accumulated(m, b, opts.accumulate)),
         flops=m.flops(b),
         comm_bytes=degree * workers * message,
         straggler=_straggler(opts, 1),

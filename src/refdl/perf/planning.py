@@ -137,6 +137,13 @@ def plan_configurations(
     a transformer's gradients reduced in fp32 or in the compute precision; ``tick(done,
     total)``: the search's progress over its layouts."""
     from refdl.perf.prediction import overhead_note
+
+    def launches(note: str | None) -> str | None:
+        """predict's note, with what it means for a ranking of layouts."""
+        return note and (f"{note} a step, once more for each microbatch; the rows are "
+                         "bounds, and a layout with more microbatches or stages pays more "
+                         "launches than they show")  # fmt: skip
+
     from refdl.perf.search import TIE_BAND, Planner, plainness, why_first, why_plainer
 
     bounds = (("--devices", devices, MAX_DEVICES), ("--batch-size", batch_size, 1 << 24),
@@ -196,7 +203,7 @@ def plan_configurations(
         "memory_limit_note": note,
         # a compiled model priced below its kernels' launches (a GPU profile has no
         # per-kernel figure): the rows are FLOP-and-byte bounds, not a ranking
-        "overhead_note": overhead_note(profile, cost, result.found[0].step_time_s)
+        "overhead_note": launches(overhead_note(profile, cost, result.found[0].step_time_s))
         if result.found
         else None,
         "priced": result.priced,

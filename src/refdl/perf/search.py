@@ -428,6 +428,7 @@ class Planner:
         formula's breakdown (Muon's terms not yet added)."""
         opts = PredictOptions(
             mesh=c.mesh.text(), microbatches=c.microbatches, schedule=c.schedule,
+            accumulate=c.microbatches if c.mesh.pipe == 1 else 1,  # data's: train's
             chunks=c.chunks, zero=c.zero or 3, data_zero=c.zero if self.shape else 0,
             optimizer_words=self.words, cp=c.cp, sequence_parallel=c.sequence_parallel,
             remat=c.remat, precision=c.precision, compress=c.compress or None,
