@@ -464,6 +464,8 @@ def test_data_accumulates_microbatches_holding_one_slices_activations(capsys):
                                                               one.comm_bytes)  # fmt: skip
     with pytest.raises(UsageError, match="leaves 2 samples each, fewer than --microbatches 4"):
         K.data(m, profile, 16, 8, PredictOptions(accumulate=4))
+    with pytest.raises(UsageError, match="8 samples do not split into --microbatches 3"):
+        K.data(m, profile, 64, 8, PredictOptions(accumulate=3))  # train refuses it too
     argv = ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "data", "--workers", "8"]
     assert predict_main([*argv, "--allreduce", "ring"]) == 0
     assert predict_main([*argv, "--topology", "ring"]) == 2

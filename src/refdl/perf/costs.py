@@ -191,6 +191,9 @@ def _accumulated(m: ModelCost, b: float, mb: int) -> float:
     if b < mb:
         raise UsageError(f"each replica's {b:g} samples are fewer than --microbatches {mb}; "
                          f"give a batch of at least {mb} a replica")  # fmt: skip
+    if mb > 1 and b % mb:  # train's check_batch refuses unequal slices
+        raise UsageError(f"each replica's {b:g} samples do not split into --microbatches "
+                         f"{mb} equal slices; give a batch that does")  # fmt: skip
     return b / mb * m.activation_bytes_per_sample + (4.0 * m.params if mb > 1 else 0.0)
 
 
