@@ -184,13 +184,15 @@ def unpriced(option: str, formula: str, ranks: int) -> tuple[str | None, str | N
     return UNPRICED.get((option, formula), (None, None))
 
 
-def _accumulated(m: ModelCost, b: float, mb: int) -> float:
-    """Bytes of a replica's activations with ``mb`` accumulated slices of its ``b``
-    samples (train's ``--microbatches``): one slice's, and beside them the fp32 sum of
+def _accumulated(m: ModelCost, batch: int, workers: int, mb: int) -> float:
+    """Bytes of a worker's activations with ``mb`` accumulated slices of its share of
+    ``batch`` (train's ``--microbatches``): one slice's, and beside them the fp32 sum of
     the slices' gradients (scan's carry) where there are several."""
+    b = batch / workers
     if b < mb:
-        raise UsageError(f"each replica's {b:g} samples are fewer than --microbatches {mb}; "
-                         f"give a batch of at least {mb} a replica")  # fmt: skip
+        raise UsageError(f"--batch-size {batch} on {workers} workers leaves {b:g} samples "
+                         f"each, fewer than --microbatches {mb}; give at least "
+                         f"{workers * mb}")  # fmt: skip
     if mb > 1 and b % mb:  # train's check_batch refuses unequal slices
         raise UsageError(f"each replica's {b:g} samples do not split into --microbatches "
                          f"{mb} equal slices; give a batch that does")  # fmt: skip
@@ -225,11 +227,7 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     are priced per slice; a compiled step's own per-slice overhead is not (as ``fsdp``'s
     microbatches: see docs/performance-model.md)."""
     b, mb = batch / workers, opts.accumulate
-    if b < mb:
-        raise UsageError(f"--batch-size {batch} on {workers} workers leaves {b:g} samples "
-                         f"each, fewer than --microbatches {mb}; give at least "
-                         f"{workers * mb}")  # fmt: skip
-    held = _accumulated(m, b, mb)
+    held = _accumulated(m, batch, workers, mb)
     t = compute_time(m.flops(b), m.bytes(b), hw, ops=m.ops, sharing=workers,
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
     shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts, microbatches=mb)
@@ -640,7 +638,8 @@ def ps(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Cost
     else:
         own = 2 * (link.alpha + m.param_bytes * link.beta)
         comm = max(own, sync - t)
-    mem = _state_bytes(m, PredictOptions(optimizer_words=0)) + _accumulated(m, b, opts.accumulate)
+    held = _accumulated(m, batch, workers, opts.accumulate)
+    mem = _state_bytes(m, PredictOptions(optimizer_words=0)) + held
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
@@ -692,7 +691,7 @@ def decentralized(
     return CostBreakdown(
         compute_s=t,
         comm_s=exposed(comm, t, opts.overlap),
-        memory_bytes=int(mem + _accumulated(m, b, opts.accumulate)),
+        memory_bytes=int(mem + _accumulated(m, batch, workers, opts.accumulate)),
         flops=m.flops(b),
         comm_bytes=degree * workers * message,
         straggler=_straggler(opts, 1),
