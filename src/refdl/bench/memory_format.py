@@ -14,6 +14,7 @@ price: PyTorch's maintainers expect channels last to help only 16-bit inputs
 from __future__ import annotations
 
 import dataclasses
+import math
 
 FORMATS = ("nchw", "nhwc")
 TENSOR_CORE_DTYPES = ("float16", "bfloat16")
@@ -49,6 +50,15 @@ MEASURED = {
 # generation's (the H100's transposes are likely dearer still: its FLOP/s per byte of
 # memory bandwidth is about twice the A100's).
 BORROW = {"H100 SXM": "A100 SXM"}
+
+
+def borrowed_log_spread() -> float:
+    """How far a borrowed ratio could be from the device's own: half the log-range of the
+    measured generations' ratios, added to both sides of the step's interval (as a
+    borrowed link's or device's figure widens it by the spread of those it could have
+    been)."""
+    factors = [c.factor for c in MEASURED.values()]
+    return 0.5 * math.log(max(factors) / min(factors))
 
 
 def nchw_cost(device: str, dtype: str, memory_format: str) -> tuple[float, bool, str]:

@@ -322,13 +322,17 @@ def borrowed(p: Point, profile) -> bool:
     return profile.borrowed_device(profile.dtype_for(PRECISION.get(p.precision or "fp32", "fp32")))
 
 
-def _interval(row: dict[str, Any], kind: str, is_borrowed: bool, own: Any = None) -> None:
+def _interval(row: dict[str, Any], kind: str, is_borrowed: bool, own: Any = None,
+              widen: float = 0.0) -> None:  # fmt: skip
     """The stated interval of a predicted row, and whether the published value is in it
-    (``own``: a dated stack's figures on the row's link, with their residuals' bounds)."""
+    (``own``: a dated stack's figures on the row's link, with their residuals' bounds;
+    ``widen``: a log widening on both sides, for a borrowed factor of the row's own)."""
     if kind == "scaling":
         iv = intervals.efficiency_interval(row["predicted"])
     else:
         iv = intervals.time_interval(kind, row["predicted"], is_borrowed, own)
+        if iv is not None and widen:
+            iv = iv[0] * math.exp(-widen), iv[1] * math.exp(widen)
     if iv is not None:
         row.update(low=iv[0], high=iv[1], borrowed=is_borrowed,
                    inside=iv[0] <= row["published"] <= iv[1])  # fmt: skip
@@ -383,8 +387,10 @@ def evaluate(points: list[Point], progress: bool = False) -> list[dict[str, Any]
                 profile = hw.load(p.hw)
                 factor, lent, _source = nchw_cost(p, profile)
                 if factor != 1.0:
-                    row.update(memory_format=p.memory_format, nchw_factor=factor)
-                _interval(row, "step", borrowed(p, profile) or lent)
+                    row.update(memory_format=p.memory_format, nchw_factor=factor,
+                               nchw_borrowed=lent)  # fmt: skip
+                widen = memory_format.borrowed_log_spread() if lent else 0.0
+                _interval(row, "step", borrowed(p, profile), widen=widen)
             else:
                 if p.metric == "efficiency":
                     base_w, pub = 1, p.value
