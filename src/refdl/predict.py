@@ -456,7 +456,10 @@ def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> N
     if ("ps_groups" in given) != (args.ps_mode == "hierarchical") and traits.has_servers:
         raise UsageError("--ps-mode hierarchical and --ps-groups G go together (G learner "
                          "groups, each behind an aggregator rank)")  # fmt: skip
-    if traits.cost == "gossip" and "allreduce" in given:  # (--compress alone: CHOCO's)
+    if traits.cost == "gossip" and args.compress and args.allreduce != "sparse":
+        raise UsageError(f"--compress {args.compress}: decentralized sends compressed "
+                         "replicas as top-k pairs; add --allreduce sparse")  # fmt: skip
+    if traits.cost == "gossip" and "allreduce" in given:
         if args.allreduce not in ("xla", "sparse"):
             raise UsageError(f"--allreduce {args.allreduce}: decentralized averages with its "
                              "neighbours, not by an allreduce; --allreduce sparse sends them "

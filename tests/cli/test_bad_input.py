@@ -464,6 +464,10 @@ UNUSED = [
      ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
       "--allreduce", "sparse"],
      "--allreduce sparse sends the top-k of each replica's change; add --compress"),
+    ("predict: compressed gossip without its allreduce", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
+      "--compress", "topk:0.01"],
+     "decentralized sends compressed replicas as top-k pairs; add --allreduce sparse"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
