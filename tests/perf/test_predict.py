@@ -63,6 +63,25 @@ def test_alexnet_flops_from_xla_match_the_hand_count():
     assert m.flops_per_sample == pytest.approx(2 * (3 * forward - conv1), rel=0.01)
 
 
+def test_the_alexnets_benchmarks_ran_are_counted_as_they_ran():
+    """tf_cnn_benchmarks' AlexNet (64/192 filters first, 1001 classes) and BVLC's Caffe
+    model (two groups in the 2nd, 4th and 5th convolutions, 224 input, pooling rounded
+    up) are their own models, counted by hand (issue 52: the published steps of each)."""
+    tf = model_cost("alexnet_tf")
+    convs = [(11 * 11 * 3, 64), (25 * 64, 192), (9 * 192, 384), (9 * 384, 384), (9 * 384, 256)]
+    fcs = [(9216, 4096), (4096, 4096), (4096, 1001)]
+    assert tf.params == sum((k + 1) * n for k, n in convs + fcs) == 61_842_345
+    forward = (55 * 55 * 64 * 363 + taps(27, 5) ** 2 * 64 * 192
+               + taps(13, 3) ** 2 * (192 * 384 + 384 * 384 + 384 * 256)
+               + sum(k * n for k, n in fcs))  # fmt: skip
+    assert tf.flops_per_sample == pytest.approx(2 * (3 * forward - 55 * 55 * 64 * 363), rel=0.01)
+    bvlc = model_cost("alexnet_bvlc")  # groups of 2 halve a kernel's input channels
+    convs = [(363, 96), (25 * 48, 256), (9 * 256, 384), (9 * 192, 384), (9 * 192, 256)]
+    fcs = [(9216, 4096), (4096, 4096), (4096, 1000)]
+    assert bvlc.params == sum((k + 1) * n for k, n in convs + fcs) == 60_965_224
+    assert bvlc.flops_per_sample < tf.flops_per_sample < model_cost("alexnet").flops_per_sample
+
+
 def toy(params: int = 1_000_000, flops: float = 1e9) -> ModelCost:
     return ModelCost("toy", params, flops, 0.0, 1e6, 0.0, 4e5, 4e4, layers=10)
 

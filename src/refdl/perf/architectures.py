@@ -10,7 +10,8 @@ per convolutional architecture. ``scripts/fit_achieved.py`` fits both on the
 calibration part of ``docs/published/measurements.toml`` (log-space least
 squares of ``time = FLOPs / (peak x fraction[device] x factor[model])``). A
 model with no calibration step of its own takes its family's factor (VGG-19:
-VGG-16's, the same 3x3 stacks and classifier with three more convolutions);
+VGG-16's, the same 3x3 stacks and classifier with three more convolutions; BVLC's
+grouped AlexNet: the one-tower AlexNet's, the same widths);
 one with neither gets 1 (ResNet-50's), and so do GEMM-class models (their
 device fraction is fitted on themselves).
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 FILE = Path(__file__).with_name("architectures.toml")
 # A model without calibration steps of its own -> the fitted model of its family.
-FAMILY = {"vgg19": "vgg16"}
+FAMILY = {"vgg19": "vgg16", "alexnet_bvlc": "alexnet"}  # BVLC: the paper's widths, grouped
 
 
 @functools.cache

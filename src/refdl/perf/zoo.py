@@ -4,7 +4,9 @@ Nothing here allocates weights: parameters and layer outputs come from
 ``jax.eval_shape``. The architectures follow their papers (input sizes and
 widths as published):
 
-- AlexNet (Krizhevsky et al. 2012, one tower: no grouped convolutions), 227x227x3;
+- AlexNet (Krizhevsky et al. 2012, one tower: no grouped convolutions), 227x227x3, and
+  the two variants published benchmarks ran: tf_cnn_benchmarks' (64/192 filters first)
+  and BVLC's Caffe model (two groups) at 224x224x3;
 - VGG-16 / VGG-19 (Simonyan & Zisserman 2015, configurations D / E), 224x224x3;
 - GoogLeNet (Szegedy et al. 2015, Inception v1 without the auxiliary heads), 224x224x3;
 - Inception V3 (Szegedy et al. 2016, without the auxiliary head), 299x299x3;
@@ -82,15 +84,31 @@ def max_pool(x, k=3, s=2, pad="SAME"):
 
 
 class AlexNet(nn.Module):
+    """AlexNet's five convolutions and three dense layers: ``widths`` of the first two
+    convolutions (the paper's 96 and 256; tf_cnn_benchmarks' 64 and 192), ``groups`` of
+    the 2nd, 4th and 5th (2 in the paper's two-tower model as BVLC's Caffe model keeps
+    it), the first pooling rounded up as Caffe pools (``ceil``) and ``classes``."""
+
+    widths: tuple[int, int] = (96, 256)
+    groups: int = 1
+    ceil: bool = False
+    classes: int = 1000
+
     @nn.compact
     def __call__(self, x):
-        x = max_pool(conv(x, 96, 11, 4, "VALID"), 3, 2, "VALID")
-        x = max_pool(conv(x, 256, 5), 3, 2, "VALID")
-        x = conv(conv(conv(x, 384, 3), 384, 3), 256, 3)
+        def gconv(x, f, k, groups):
+            conv = nn.Conv(f, (k, k), padding="SAME", feature_group_count=groups)
+            return nn.relu(conv(x))
+
+        g = self.groups
+        x = conv(x, self.widths[0], 11, 4, "VALID")
+        x = max_pool(x, 3, 2, ((0, 1), (0, 1)) if self.ceil else "VALID")
+        x = max_pool(gconv(x, self.widths[1], 5, g), 3, 2, "VALID")
+        x = gconv(gconv(conv(x, 384, 3), 384, 3, g), 256, 3, g)
         x = max_pool(x, 3, 2, "VALID").reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(4096)(x))
         x = nn.relu(nn.Dense(4096)(x))
-        return nn.Dense(1000)(x)
+        return nn.Dense(self.classes)(x)
 
 
 VGG_CFG = {
@@ -281,6 +299,16 @@ class GPT2(nn.Module):
 
 
 _register("alexnet", (227, 227, 3), 1000, "AlexNet (one tower), 227x227x3, 62.4 M")(AlexNet)
+# The AlexNets benchmarks ran, each by its own code: tf_cnn_benchmarks' (tensorflow/
+# benchmarks fd87986 scripts/tf_cnn_benchmarks/alexnet_model.py: conv 64 11x11/4 VALID,
+# 192 5x5, 384, 384, 256; 227 input; 1001 classes) and BVLC's Caffe model (groups of 2,
+# pooling rounded up) at the 224x224 jcjohnson/cnn-benchmarks fed it.
+_register("alexnet_tf", (227, 227, 3), 1001, "tf_cnn_benchmarks' AlexNet, 64/192 filters, 61.8 M")(
+    lambda: AlexNet(widths=(64, 192), classes=1001)
+)
+_register("alexnet_bvlc", (224, 224, 3), 1000, "BVLC AlexNet (2 groups), 224x224x3, 61.0 M")(
+    lambda: AlexNet(groups=2, ceil=True)
+)
 _register("vgg16", (224, 224, 3), 1000, "VGG-16, 224x224x3, 138 M")(lambda: VGG(16))
 _register("vgg19", (224, 224, 3), 1000, "VGG-19, 224x224x3, 144 M")(lambda: VGG(19))
 _register("googlenet", (224, 224, 3), 1000, "GoogLeNet (Inception v1), 224x224x3")(GoogLeNet)
