@@ -80,6 +80,11 @@ def test_the_alexnets_benchmarks_ran_are_counted_as_they_ran():
     fcs = [(9216, 4096), (4096, 4096), (4096, 1000)]
     assert bvlc.params == sum((k + 1) * n for k, n in convs + fcs) == 60_965_224
     assert bvlc.flops_per_sample < tf.flops_per_sample < model_cost("alexnet").flops_per_sample
+    # ResNet v1 (tf_cnn_benchmarks): the same parameters, the 3x3 at the lower resolution
+    for n, v1_share in (("resnet50", 0.936), ("resnet101", 0.966)):
+        v15, v1 = model_cost(n), model_cost(f"{n}_v1")
+        assert v1.params == v15.params == PUBLISHED_PARAMS[n]
+        assert v1.flops_per_sample / v15.flops_per_sample == pytest.approx(v1_share, abs=0.002)
 
 
 def toy(params: int = 1_000_000, flops: float = 1e9) -> ModelCost:

@@ -35,7 +35,7 @@ from refdl.config.files import load_toml
 from refdl.config.values import Float, Int
 from refdl.errors import UsageError
 from refdl.hw import stacks
-from refdl.perf import intervals
+from refdl.perf import architectures, intervals
 from refdl.perf.collectives import BUS_FACTOR, Link, collective_time
 from refdl.progress import Progress
 
@@ -682,7 +682,7 @@ def _step_rows(points: list[Point]) -> list[tuple]:
         peak = profile.device.peak_flops.get(dtype, profile.peak_flops)  # as view("expected")
         nhwc_time = published_time(p) / nchw_cost(p, profile)[0]  # the layout the fit knows
         achieved = m.flops(p.batch or ASSUMED_BATCH) / (peak * nhwc_time)
-        model = p.model if m.op_class == "conv" else None
+        model = architectures.fitted_as(p.model) if m.op_class == "conv" else None
         rows.append(((profile.device.name, m.op_class, dtype), model, math.log(achieved), p))
     return rows
 

@@ -11,7 +11,8 @@ calibration part of ``docs/published/measurements.toml`` (log-space least
 squares of ``time = FLOPs / (peak x fraction[device] x factor[model])``). A
 model with no calibration step of its own takes its family's factor (VGG-19:
 VGG-16's, the same 3x3 stacks and classifier with three more convolutions; BVLC's
-grouped AlexNet: the one-tower AlexNet's, the same widths);
+grouped AlexNet: the one-tower AlexNet's, the same widths); ResNet v1 (the stride in the
+1x1) shares v1.5's, its steps fitted with them;
 one with neither gets 1 (ResNet-50's), and so do GEMM-class models (their
 device fraction is fitted on themselves).
 """
@@ -25,7 +26,15 @@ from typing import Any
 
 FILE = Path(__file__).with_name("architectures.toml")
 # A model without calibration steps of its own -> the fitted model of its family.
-FAMILY = {"vgg19": "vgg16", "alexnet_bvlc": "alexnet"}  # BVLC: the paper's widths, grouped
+# A model that shares its family's factor: fitted on the family's steps (the same layers,
+# one stride moved: ResNet v1 beside the zoo's v1.5), or taken when it has no steps.
+FAMILY = {"vgg19": "vgg16", "alexnet_bvlc": "alexnet",  # BVLC: the paper's widths, grouped
+          "resnet50_v1": "resnet50", "resnet101_v1": "resnet101"}  # fmt: skip
+
+
+def fitted_as(model: str) -> str:
+    """The model whose factor ``model``'s steps fit and use: its family's where it has one."""
+    return FAMILY.get(model, model)
 
 
 @functools.cache

@@ -10,7 +10,8 @@ widths as published):
 - VGG-16 / VGG-19 (Simonyan & Zisserman 2015, configurations D / E), 224x224x3;
 - GoogLeNet (Szegedy et al. 2015, Inception v1 without the auxiliary heads), 224x224x3;
 - Inception V3 (Szegedy et al. 2016, without the auxiliary head), 299x299x3;
-- ResNet-50 / ResNet-101 (He et al. 2016, bottleneck blocks), 224x224x3;
+- ResNet-50 / ResNet-101 (He et al. 2016, bottleneck blocks; v1.5, the stride in the 3x3,
+  and v1, the paper's, as tf_cnn_benchmarks runs them), 224x224x3;
 - LeNet-5 (LeCun et al. 1998), 32x32x1;
 - LSTM LM (Zaremba et al. 2014 "medium": 2 x 650, vocab 10k, 35 steps);
 - GPT-2 small (Radford et al. 2019: 12 x 768, 12 heads, 1024 tokens, vocab 50257).
@@ -212,15 +213,21 @@ class InceptionV3(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """A bottleneck block, its stride in the 3x3 convolution (v1.5: torchvision,
+    fb.resnet.torch, DeepLearningExamples) or with ``v1`` in the first 1x1 (the paper's,
+    as tf_cnn_benchmarks runs ``resnet50``: the 3x3 at the lower resolution)."""
+
     width: int
     stride: int
+    v1: bool = False
 
     @nn.compact
     def __call__(self, x):
         bn = functools.partial(nn.BatchNorm, use_running_average=False)
         cv = functools.partial(nn.Conv, use_bias=False)
-        y = nn.relu(bn()(cv(self.width, (1, 1))(x)))
-        y = nn.relu(bn()(cv(self.width, (3, 3), (self.stride, self.stride))(y)))
+        first, second = ((self.stride,) * 2, (1, 1)) if self.v1 else ((1, 1), (self.stride,) * 2)
+        y = nn.relu(bn()(cv(self.width, (1, 1), first)(x)))
+        y = nn.relu(bn()(cv(self.width, (3, 3), second)(y)))
         y = bn()(cv(4 * self.width, (1, 1))(y))
         if x.shape[-1] != 4 * self.width or self.stride != 1:
             x = cv(4 * self.width, (1, 1), (self.stride, self.stride))(x)
@@ -230,6 +237,7 @@ class Bottleneck(nn.Module):
 
 class ResNet(nn.Module):
     blocks: tuple[int, ...]
+    v1: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -237,7 +245,7 @@ class ResNet(nn.Module):
         x = max_pool(nn.relu(nn.BatchNorm(use_running_average=False)(x)))
         for stage, n in enumerate(self.blocks):
             for i in range(n):
-                x = Bottleneck(64 * 2**stage, 2 if i == 0 and stage > 0 else 1)(x)
+                x = Bottleneck(64 * 2**stage, 2 if i == 0 and stage > 0 else 1, self.v1)(x)
         return nn.Dense(1000)(jnp.mean(x, (1, 2)))
 
 
@@ -318,6 +326,14 @@ _register("resnet50", (224, 224, 3), 1000, "ResNet-50, 224x224x3, 25.6 M")(
 )
 _register("resnet101", (224, 224, 3), 1000, "ResNet-101, 224x224x3, 44.5 M")(
     lambda: ResNet((3, 4, 23, 3))
+)
+# ResNet v1 as tf_cnn_benchmarks runs resnet50/resnet101 (tensorflow/benchmarks 9165a70,
+# 2017-05-04, through today: models/resnet_model.py bottleneck_block_v1).
+_register("resnet50_v1", (224, 224, 3), 1000, "ResNet-50 v1 (stride in the 1x1), 25.6 M")(
+    lambda: ResNet((3, 4, 6, 3), v1=True)
+)
+_register("resnet101_v1", (224, 224, 3), 1000, "ResNet-101 v1 (stride in the 1x1), 44.5 M")(
+    lambda: ResNet((3, 4, 23, 3), v1=True)
 )
 _register("lenet5_1998", (32, 32, 1), 10, "LeNet-5 (1998), 32x32x1, 62 k")(LeNet5)
 _register("lstm_lm_medium", (35,), 10000, "LSTM LM 2x650, vocab 10k, 35 steps", jnp.int32)(LSTMLM)
