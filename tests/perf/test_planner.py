@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import subprocess
 import sys
 import time
@@ -272,7 +273,8 @@ def test_plan_lossy_prices_datas_compressed_exchanges_as_predict_does():
     ``refdl predict --strategy data --compress ...``'s, and puts them after every exact
     configuration of the tie set (they change the training). VGG-16 on 32 K80s over 10
     GbE, batch 1,024 (2026-11-27): top-1 % with 4-bit values by the sparse allreduce
-    1.050 s, the dense ring 1.099 s, both within the model's error of the fastest."""
+    1.050 s, the dense ring 1.099 s; 2026-11-28, the K80's fraction refitted once each
+    source's AlexNet and ResNet was named as it ran: 1.139 s and 1.134 s, a tie."""
     from refdl.perf import PredictOptions
     from refdl.perf.planning import plan_configurations
     from refdl.perf.prediction import predict_steps
@@ -295,7 +297,8 @@ def test_plan_lossy_prices_datas_compressed_exchanges_as_predict_does():
         predicted(compress="topk:0.01,q4", allreduce="sparse"), rel=1e-9)  # fmt: skip
     assert data[("sign", "ring")]["step_time_s"] == pytest.approx(predicted(compress="sign"),
                                                                   rel=1e-9)  # fmt: skip
-    assert q4["step_time_s"] < data[(None, None)]["step_time_s"]
+    assert abs(math.log(q4["step_time_s"] / data[(None, None)]["step_time_s"])) < 0.02
+    assert q4["indistinguishable_from_best"] and data[(None, None)]["indistinguishable_from_best"]
     assert q4["train_flags"][-8:-4] == ["--compress", "topk:0.01,q4", "--allreduce", "sparse"]
     assert "changes the training" in q4["description"] and record["lossy"] is True
     shown = record["configurations"]

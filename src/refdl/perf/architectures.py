@@ -63,7 +63,7 @@ def source(model: str) -> str | None:
     if "source" not in entry:
         return None
     if fitted != model:
-        return f"{fitted}'s factor (same family; no {model} calibration step): {entry['source']}"
+        return f"{fitted}'s factor (same family, fitted on the family's steps): {entry['source']}"
     return entry["source"]
 
 
