@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 
@@ -430,7 +431,9 @@ def test_data_prices_every_compressed_exchange_train_runs():
     analytic count (which tests/comm/test_sparse.py measures on the compiled step), the
     exchange is an all-gather of the payloads or SparCML's sparse allreduce, and coding
     adds memory-bound passes. On K80s over 10 GbE, VGG-16 at 32 workers: q4 top-k by the
-    sparse allreduce beats the dense ring; QSGD's all-gathered payloads do not."""
+    sparse allreduce ties the dense ring (it beat it by 4.5 % until the K80's fraction was
+    refitted on 2026-11-28: the slower compute hides more of the dense ring); QSGD's
+    all-gathered payloads are far slower."""
     from refdl.comm.compress import make_codec
     from refdl.config.codec import Compression
     from refdl.perf import PredictOptions
@@ -458,8 +461,8 @@ def test_data_prices_every_compressed_exchange_train_runs():
         return predict_steps("k80-pcie-10gbe", "data", traits_of("data"), "vgg16", 1024, [32],
                              opts=PredictOptions(**kw))[0]["step_time_s"]  # fmt: skip
 
-    dense = step()
-    assert step(compress="topk:0.01,q4", allreduce="sparse") < dense < step(compress="qsgd:8")
+    dense, q4 = step(), step(compress="topk:0.01,q4", allreduce="sparse")
+    assert abs(math.log(q4 / dense)) < 0.02 < math.log(step(compress="qsgd:8") / dense)
     with pytest.raises(UsageError, match="add --compress topk:RATIO"):
         FORMULAS.get("data_parallel")(m, view, 1024, p, PredictOptions(allreduce="sparse"))
 
