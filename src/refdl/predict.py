@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from refdl import hw
@@ -456,18 +457,14 @@ def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> N
     if ("ps_groups" in given) != (args.ps_mode == "hierarchical") and traits.has_servers:
         raise UsageError("--ps-mode hierarchical and --ps-groups G go together (G learner "
                          "groups, each behind an aggregator rank)")  # fmt: skip
-    if traits.cost == "gossip" and args.compress and args.allreduce != "sparse":
-        raise UsageError(f"--compress {args.compress}: decentralized sends compressed "
-                         "replicas as top-k pairs; add --allreduce sparse")  # fmt: skip
-    if traits.cost == "gossip" and "allreduce" in given:
-        if args.allreduce not in ("xla", "sparse"):
-            raise UsageError(f"--allreduce {args.allreduce}: decentralized averages with its "
-                             "neighbours, not by an allreduce; --allreduce sparse sends them "
-                             "top-k pairs (with --compress topk:RATIO)")  # fmt: skip
-        if args.allreduce == "sparse" and not args.compress:
-            raise UsageError("--allreduce sparse sends the top-k of each replica's change; "
-                             "add --compress topk:RATIO (e.g. topk:0.01 or "
-                             "topk:0.01,q4)")  # fmt: skip
+    if traits.cost == "gossip":  # decentralized's own rules (train runs them on its spec)
+        from refdl.config.codec import Compression
+        from refdl.strategies.decentralized import check_gossip
+
+        given_allreduce = args.allreduce if "allreduce" in given else "xla"  # train's default
+        check_gossip(SimpleNamespace(allreduce=given_allreduce, gossip=args.gossip,
+                                     compress=args.compress and Compression.parse(args.compress),
+                                     consensus_step=None), None)  # fmt: skip
 
 
 # Options that price a transformer's layers: a model priced by its compiled step (resnet50,

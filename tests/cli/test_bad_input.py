@@ -468,6 +468,10 @@ UNUSED = [
      ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
       "--compress", "topk:0.01"],
      "decentralized sends compressed replicas as top-k pairs; add --allreduce sparse"),
+    ("predict: compressed gossip on a changing graph", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
+      "--allreduce", "sparse", "--compress", "topk:0.01", "--gossip"],
+     "--gossip changes the graph every step: drop one"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
