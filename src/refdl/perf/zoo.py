@@ -98,8 +98,7 @@ class AlexNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         def gconv(x, f, k, groups):
-            conv = nn.Conv(f, (k, k), padding="SAME", feature_group_count=groups)
-            return nn.relu(conv(x))
+            return nn.relu(nn.Conv(f, (k, k), padding="SAME", feature_group_count=groups)(x))
 
         g = self.groups
         x = conv(x, self.widths[0], 11, 4, "VALID")
