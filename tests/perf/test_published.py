@@ -64,14 +64,20 @@ def test_profiles_carry_achieved_figures_with_sources():
     assert hw.load("local").achieved is None  # the CPU profile is its own expectation
 
 
+@pytest.fixture(scope="module")
+def step_fit():
+    """``fit_steps`` on the data set (it reads the calibration part alone), fitted once."""
+    return P.fit_steps(P.load()[0])
+
+
 @pytest.mark.slow  # heavy for the default run on 2 cores (-m slow runs it)
-def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation():
+def test_architecture_factors_are_the_calibration_fit_and_scale_the_expectation(step_fit):
     """architectures.toml is what fit_steps gives on the calibration part (ResNet-50 is 1,
     no held-out source in it), and a factor divides the expected compute time."""
     from refdl.perf import architectures
 
-    points, split = P.load()
-    devices, models = P.fit_steps(points)
+    _points, split = P.load()
+    devices, models = step_fit
     assert models["resnet50"]["factor"] == pytest.approx(1.0)
     # 2026-11-28, each source's AlexNet and ResNet as it ran: VGG-16 2.75, Inception V3 1.01
     assert models["vgg16"]["factor"] > 2 and 0.9 < models["inception_v3"]["factor"] < 1.1
@@ -409,7 +415,7 @@ def test_configuration_searches_are_ranked_and_reported(bench_json):
     assert len(zero3) == 6 and all(-0.65 < r["error"] < 0.0 for r in zero3)
 
 
-def test_each_sources_alexnet_and_resnet_is_the_network_it_ran():
+def test_each_sources_alexnet_and_resnet_is_the_network_it_ran(step_fit):
     """Three networks were called alexnet (issue 52, 2026-11-28): TensorFlow's 2017 page
     ran tf_cnn_benchmarks' (64/192 filters), refdl the one-tower paper model, the Torch7
     cnn-benchmarks BVLC's grouped one. Each point names its own; the fit gives the two
@@ -421,7 +427,7 @@ def test_each_sources_alexnet_and_resnet_is_the_network_it_ran():
     named = {(p.source, p.model) for p in points if p.model and p.model.startswith("alexnet")}
     assert named == {("tf-benchmarks-2017", "alexnet_tf"), ("refdl-h100-2026-11-23", "alexnet"),
                      ("dmikushin-cnn-benchmarks", "alexnet_bvlc")}  # fmt: skip
-    _devices, models = P.fit_steps([p for p in points if p.part == "calibration"])
+    _devices, models = step_fit
     assert models["alexnet"]["sources"] == ["refdl-h100-2026-11-23"]
     assert models["alexnet_tf"]["sources"] == ["tf-benchmarks-2017"]
     assert models["alexnet_tf"]["factor"] == pytest.approx(architectures.factor("alexnet_tf"),
