@@ -632,3 +632,24 @@ def test_a_stated_nchw_step_pays_its_generations_measured_transposes(tmp_path):
     )
     with pytest.raises(UsageError, match="memory_format 'chwn' is not one of nchw, nhwc"):
         P.load(bad)
+
+
+def test_a_sources_stated_command_sets_its_layout(step_fit):
+    """horovod#1673's V100 fp16 steps ran tf_cnn_benchmarks --data_format=NCHW (its
+    companion report, tensorflow/models#8049): without XLA cuDNN ran NCHW, so that row pays
+    the V100's measured ratio (1.31); with XLA, XLA chose the layout, and nothing is paid.
+    Fitted so, the two rows (831.15 and 1,236.81 images/s) sit within 20 % of the V100's
+    fp16 fraction, the row without XLA +39 % before (2026-11-28)."""
+    points, _ = P.load()
+    rows = {p.value: p for p in points if p.source == "horovod-issue-1673" and p.kind == "step"}
+    assert set(rows) == {831.15, 1236.81}
+    assert rows[831.15].memory_format == "nchw" and rows[1236.81].memory_format == ""
+    v100 = hw.load("v100-nvlink-ib-edr")
+    assert P.nchw_cost(rows[831.15], v100)[0] == pytest.approx(0.259 / 0.198)
+    assert P.nchw_cost(rows[1236.81], v100)[0] == 1.0
+    devices, _models = step_fit
+    key = ("Tesla V100 SXM2", "conv", "float16")
+    assert "horovod-issue-1673" in devices[key]["sources"]
+    for p in rows.values():
+        predicted = p.batch / P.step_times(p)[0]  # images/s
+        assert abs(predicted / p.value - 1) < 0.2, (p.value, predicted)
