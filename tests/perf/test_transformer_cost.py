@@ -162,7 +162,9 @@ def test_hybrid_on_a_transformer_splits_compute_and_memory_over_all_six_axes():
                        precision="bf16", optimizer_words=2)  # fmt: skip
     c = K.hybrid(m, p, 512, 512, o)
     assert c.flops == pytest.approx(512 / 4 * GPT3.flops_per_sequence() / 128)
-    assert c.compute_s == pytest.approx(c.flops / 989e12)
+    # the products at the peak, then Adam's update of the device's 1/64 at the bandwidth
+    assert c.update_s == pytest.approx(30 * GPT3.params / 64 / 3.35e12, rel=0.01)
+    assert c.compute_s - c.update_s == pytest.approx(c.flops / 989e12)
     assert [a for a, *_ in c.comm_by_axis] == ["model", "context", "pipe", "data"]
     sel = K.hybrid(
         m,
@@ -376,3 +378,52 @@ def test_unfused_attention_is_priced_by_context_on_one_rank_and_refused_on_more(
     assert mem["unfused"] > 2 * mem["fused"]
     assert predict.main([*base, "--workers", "2", "--attention", "unfused"]) == 2
     assert "keeps no attention scores on more than one rank" in capsys.readouterr().err
+
+
+def test_an_optimizers_update_is_priced_by_its_bytes_once_a_step():
+    """A transformer known by its shape pays its optimizer's elementwise update once a
+    step, after the pipeline's schedule: 4 + 8 + 8 per word bytes a parameter, plus the
+    bf16 copy (Adam in bf16: 30), over the device's bandwidth, on the parameters a device
+    updates (its stage's share, over fsdp, and over data under ZeRO); a compiled model's
+    update stays inside its fitted fraction."""
+    from refdl import hw
+    from refdl.perf.transformer import stage_params
+
+    p = hw.load("h100-nvlink-ib-ndr").view("expected", "bf16", "transformer")
+    m = model_cost("gpt3-175b")
+    bw = p.stream_bandwidth
+    assert bw == pytest.approx(3.35e12)
+
+    def priced(mesh: str, words: int, **kw):
+        o = PredictOptions(mesh=mesh, microbatches=8, precision="bf16",
+                           optimizer_words=words, **kw)  # fmt: skip
+        return K.hybrid(m, p, 64, MeshSpec.parse(mesh).size, o)
+
+    mesh = "data=2,model=8,pipe=4"
+    adam, sgd = priced(mesh, 2), priced(mesh, 0)
+    mine = stage_params(m.transformer, MeshSpec.parse(mesh))
+    assert mine == pytest.approx(174.6e9 / 32, rel=0.01)
+    assert adam.update_s == pytest.approx(30 * mine / bw, rel=1e-9)
+    assert sgd.update_s == pytest.approx(14 * mine / bw, rel=1e-9)
+    assert adam.compute_s - sgd.compute_s == pytest.approx(16 * mine / bw, rel=1e-9)
+    assert adam.bubble_s == sgd.bubble_s and adam.comm_s == sgd.comm_s
+    assert priced(mesh, 2, data_zero=1).update_s == pytest.approx(adam.update_s / 2)
+    assert priced("fsdp=2,model=8,pipe=4", 2).update_s == pytest.approx(adam.update_s / 2)
+    # one device, through predict: Adam over SGD is 16 bytes a parameter; fp32 has no copy
+    shape = "layers=8,d_model=2048,heads=16,ffn=8192,vocab=50257,positions=1"
+    rows = {}
+    for opt in ("sgd", "adam"):
+        r = run_predict("--hw", "h100-nvlink", "--strategy", "single", "--workers", "1",
+                        "--model-shape", shape, "--seq-len", "2048", "--batch-size", "1",
+                        "--precision", "bf16", "--optimizer", opt, "--json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        rows[opt] = json.loads(r.stdout)[0]
+    from refdl.perf.shapes import parse_shape, register
+
+    params = model_cost(register(parse_shape(shape, 2048))).params
+    assert params == pytest.approx(0.609e9, rel=0.01)
+    assert rows["adam"]["compute_update_s"] == pytest.approx(30 * params / 3.35e12, rel=1e-9)
+    assert rows["adam"]["step_time_s"] - rows["sgd"]["step_time_s"] == pytest.approx(
+        16 * params / 3.35e12, rel=1e-6)  # fmt: skip
+    resnet = hw.load("a100-nvlink").view("expected", "tf32", "conv")
+    assert K.single(model_cost("resnet50"), resnet, 64, 1, PredictOptions()).update_s == 0.0

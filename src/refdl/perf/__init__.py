@@ -52,6 +52,9 @@ class CostBreakdown:
     # of compute_s, what the matrix products' shapes add beyond their FLOPs' time
     # (transformers on a GPU, ``--compute shape``: refdl.perf.gemm)
     shape_s: float = 0.0
+    # of compute_s, the optimizer's elementwise update once a step (transformers known by
+    # their shape: ``refdl.perf.costs.update_s``)
+    update_s: float = 0.0
     # one worker's delay before each step, and how many groups advance independently
     # around it (refdl.perf.straggler); (0, 1): no straggler
     straggler: tuple[float, int] = (0.0, 1)

@@ -52,6 +52,7 @@ from refdl.perf.transformer import (
     fsdp_gathered_bytes,
     remat_factor,
     stage_layers,
+    stage_params,
     state_bytes,
 )
 from refdl.registry import Registry
@@ -208,7 +209,8 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
         m.flops(batch), m.bytes(batch), hw, ops=m.ops, work=m.op_work(batch), **host_work(m, batch)
     )
     shaped = whole_model_shape(m, hw, batch, MeshSpec(), opts)
-    t += shaped
+    update = update_s(m, hw, m.params, opts)
+    t += shaped + update
     if m.transformer is not None:  # in the compute precision, as on a mesh (a 1x1 one)
         one = MeshSpec()
         mem = state_bytes(m.transformer, one, opts.optimizer_words, 0, opts.precision)
@@ -216,7 +218,8 @@ def single(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
                                 opts.precision, fused=opts.attention == "fused")  # fmt: skip
     else:
         mem = _state_bytes(m, opts) + batch * m.activation_bytes_per_sample
-    return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch), shape_s=shaped)
+    return CostBreakdown(compute_s=t, memory_bytes=int(mem), flops=m.flops(batch), shape_s=shaped,
+                         update_s=update)  # fmt: skip
 
 
 @FORMULAS.register("data_parallel")
@@ -232,12 +235,14 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
                      work=m.op_work(b), **host_work(m, batch, workers))  # fmt: skip
     shaped = whole_model_shape(m, hw, b, MeshSpec(data=workers), opts, microbatches=mb)
     t += shaped
+    update = update_s(m, hw, m.params, opts)  # after the gradients' exchange: no overlap
     if opts.compress is not None or opts.allreduce in SPARSE:
         comm, coding, wire = compressed_exchange(m, hw, workers, opts)
         mem = _state_bytes(m, opts) + held + 4.0 * m.params
-        return CostBreakdown(compute_s=t + coding, comm_s=exposed(comm, t, opts.overlap),
-                             memory_bytes=int(mem), flops=m.flops(b), comm_bytes=wire,
-                             shape_s=shaped)  # fmt: skip
+        return CostBreakdown(compute_s=t + coding + update,
+                             comm_s=exposed(comm, t, opts.overlap), memory_bytes=int(mem),
+                             flops=m.flops(b), comm_bytes=wire, shape_s=shaped,
+                             update_s=update)  # fmt: skip
     algo = ALLREDUCE_ALIASES.get(opts.allreduce, opts.allreduce)
     if algo not in ALLREDUCE:
         raise UsageError(f"unknown --allreduce {opts.allreduce!r}; choose {', '.join(ALLREDUCE)}")
@@ -261,12 +266,13 @@ def data(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     wire = 2 * (workers - 1) * m.param_bytes if workers > 1 else 0  # ring: all ranks
     mem = _state_bytes(m, opts) + held
     return CostBreakdown(
-        compute_s=t,
+        compute_s=t + update,
         comm_s=comm_s,
         memory_bytes=int(mem),
         flops=m.flops(b),
         comm_bytes=wire,
         shape_s=shaped,
+        update_s=update,
     )
 
 
@@ -349,13 +355,15 @@ def fsdp(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> Co
     mem = params + grads + opts.optimizer_words * psi / p + b * m.activation_bytes_per_sample
     if z == 3:
         mem += psi / max(m.layers, 1)
+    update = update_s(m, hw, m.params / p, opts)  # each rank its shard's
     return CostBreakdown(
-        compute_s=t,
+        compute_s=t + update,
         comm_s=exposed(comm, t, opts.overlap),
         memory_bytes=int(mem),
         flops=m.flops(b) * remat,
         comm_bytes=rounds * (p - 1) * psi if p > 1 else 0,
         shape_s=shaped,
+        update_s=update,
     )
 
 
@@ -411,14 +419,16 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     stash = (mb if opts.schedule in ("gpipe", "looped-bfs") else min(p, mb)) * (batch / mb)
     mem = _state_bytes(m, opts, p) + stash * m.activation_bytes_per_sample / p
     crossings = p * v - 1 - (1 if opts.schedule in V_SHAPED else 0)  # the V turns on a device
+    update = update_s(m, hw, m.params / p, opts)  # a stage its own, after the schedule
     return CostBreakdown(
-        compute_s=t,
+        compute_s=t + update,
         comm_s=exposed(comm, t, opts.overlap),
         bubble_s=t * f / (1 - f),
         memory_bytes=int(mem),
         flops=m.flops(batch) / p,
         comm_bytes=2 * mb * crossings * msg,
         shape_s=shaped,
+        update_s=update,
     )
 
 
@@ -507,6 +517,21 @@ def compute_unpriced(m: ModelCost) -> str | None:
     return None
 
 
+def update_s(m: ModelCost, hw: Any, params: float, opts: PredictOptions) -> float:
+    """The optimizer's elementwise update of ``params`` parameters on one device, once a
+    step, for a transformer known by its shape (a compiled step's update is inside its
+    fitted fraction): the fp32 gradient read, the fp32 master read and written, each
+    optimizer word read and written, in 16-bit the compute copy written, at the device's
+    memory bandwidth (Adam: 28 bytes a parameter, 30 in bf16); else 0."""
+    dev = getattr(hw, "device", None)
+    if m.op_class != "transformer" or m.transformer is None or dev is None:
+        return 0.0
+    stream = getattr(hw, "stream_bandwidth", None) or dev.memory_bandwidth
+    width = ACT_BYTES.get(opts.precision, 4)
+    per = 4 + 8 + 8 * opts.optimizer_words + (width if width != 4 else 0)
+    return per * params / stream
+
+
 def shape_overhead(m: ModelCost, hw: Any, sequences: float, layers: float, mesh: MeshSpec,
                    opts: PredictOptions) -> float:  # fmt: skip
     """One microbatch of ``sequences`` on the busiest device of ``layers``: what its matrix
@@ -588,13 +613,17 @@ def transformer_step(
     stash = 1 if mesh.pipe == 1 else (mb if opts.schedule in ("gpipe", "looped-bfs")
                                       else min(mesh.pipe, mb))  # fmt: skip
     heavy = busiest / (shape.layers / mesh.pipe)  # the busiest stage's state, too
+    # its update once the step's gradients are in: a shard of its parameters over fsdp,
+    # and over data where ZeRO splits the optimizer state there
+    mine = heavy * stage_params(shape, mesh) / mesh.fsdp
+    update = update_s(m, hw, mine / (mesh.data if opts.data_zero else 1), opts)
     mem = heavy * state_bytes(shape, mesh, opts.optimizer_words, opts.data_zero, opts.precision)
     mem += heavy * fsdp_gathered_bytes(shape, mesh, opts.precision, opts.grad_reduce)
     mem += activation_bytes(shape, mesh, batch, mb, stash, opts.sequence_parallel, opts.remat,
                             opts.precision, fused=opts.attention == "fused",
                             busiest=busiest)  # fmt: skip
     return CostBreakdown(
-        compute_s=t,
+        compute_s=t + update,
         comm_s=sum(e for _, _, e, _ in by_axis),
         bubble_s=bubble,
         memory_bytes=int(mem),
@@ -602,6 +631,7 @@ def transformer_step(
         comm_bytes=sum(n for *_, n in by_axis),
         comm_by_axis=by_axis,
         shape_s=shaped,
+        update_s=update,
     )
 
 

@@ -196,6 +196,7 @@ def predict_steps(
                 "step_time_full_overlap_s": other["full_overlap"],
                 "compute_s": c.compute_s,
                 "compute_shape_s": c.shape_s,  # of compute_s: the products' shapes
+                "compute_update_s": c.update_s,  # of compute_s: the optimizer's update
                 "comm_s": c.comm_s,
                 "bubble_s": c.bubble_s,
                 "wait_s": c.wait_s,  # the wait for a --straggler (refdl.perf.straggler)
