@@ -219,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.model not in MODELS.names():
                 raise UsageError(f"--run trains refdl's models ({', '.join(MODELS.names())}); "
                                  f"{args.model} is a shape only")  # fmt: skip
-        precisions = args.precision and tuple(x.strip() for x in args.precision.split(","))
+        precisions = None
+        if args.precision is not None:  # fp32, bf16 or both, each once
+            precisions = tuple(x.strip() for x in args.precision.split(","))
+            if not all(precisions) or len(set(precisions)) != len(precisions):
+                raise UsageError(f"--precision {args.precision!r}: give fp32, bf16 or "
+                                 "fp32,bf16 (each once)")  # fmt: skip
         bar: list[Progress] = []
 
         def tick(done: int, total: int) -> None:

@@ -338,6 +338,7 @@ def _step_main(argv: list[str]) -> int:
             args.strategy = "hybrid" if args.mesh else "data"
         workers = _ints(args.workers if args.workers is not None else
                         _mesh_size(args.mesh) or "1,2,4,8")  # fmt: skip
+        _check_strategy(args.strategy)
         traits = traits_of(args.strategy)
         if args.compress and "compress" not in traits.options:
             raise UsageError(f"--compress prices data's compressed exchange and "
@@ -347,6 +348,7 @@ def _step_main(argv: list[str]) -> int:
             args.optimizer = default_optimizer(args.model or "")
         given = given_dests(_step_parser, argv)  # at their default values too, as train
         _check_options(args, traits, given)
+        _check_mesh_axes(args, traits)
         _check_pairings(args, traits, given)
         _check_transformer_options(args, model, traits.cost, workers)
         opts = PredictOptions(
@@ -447,6 +449,39 @@ def _check_options(args: argparse.Namespace, traits: Any, given: set[str]) -> No
 
     mine = [k for k in STRATEGY_OPTIONS if k != "workers" and k in given]  # a list here
     check_options(mine, args.strategy, traits, declared_traits())
+
+
+def _check_strategy(name: str) -> None:
+    """An unknown ``--strategy`` names the strategies (and a near one), not the cost
+    formulas behind them."""
+    import difflib
+
+    from refdl.perf.costs import FORMULAS
+    from refdl.strategies import declared_traits
+
+    names = sorted(declared_traits())
+    if name in names or name in FORMULAS.names():  # a formula registered alone, too
+        return
+    near = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise UsageError(f"unknown --strategy {name!r}; {hint}choose one of {', '.join(names)}")
+
+
+def _check_mesh_axes(args: argparse.Namespace, traits: Any) -> None:
+    """A ``--mesh`` axis the strategy does not split over is refused, as ``refdl train``
+    refuses it (``refdl.config.plan``), instead of being priced as if absent."""
+    from refdl.config.mesh import AXES
+    from refdl.strategies import declared_traits
+
+    if not args.mesh or not traits.axes:
+        return
+    degrees = dict(MeshLayout.parse(args.mesh).degrees)
+    unused = [a for a in AXES if a not in traits.axes and degrees.get(a, 1) != 1]
+    if unused:
+        takers = sorted(n for n, t in declared_traits().items() if set(unused) <= set(t.axes))
+        where = f"use --strategy {' or '.join(takers)}" if takers else "no strategy takes it"
+        raise UsageError(f"--strategy {args.strategy} splits over {', '.join(traits.axes)}, "
+                         f"not {', '.join(unused)}; {where} for --mesh {args.mesh}")  # fmt: skip
 
 
 def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> None:

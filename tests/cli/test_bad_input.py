@@ -143,7 +143,8 @@ OTHERS = [
      ["--hw", "p100-nvlink", "--strategy", "ps", "--model", "mlp", "--ps-mode", "lazy"],
      "--ps-mode must be one of sync, async, ssp"),
     ("predict: strategy unknown", "refdl.predict",
-     ["--hw", "p100-nvlink", "--strategy", "zero", "--model", "mlp"], "unknown cost model"),
+     ["--hw", "p100-nvlink", "--strategy", "zero", "--model", "mlp"],
+     "unknown --strategy 'zero'; choose one of context, data, decentralized, fsdp, hybrid,"),
     ("predict: bytes nan", "refdl.predict",
      ["collective", "--hw", "p100-nvlink", "--workers", "4", "--bytes", "nan"],
      "--bytes must be a finite number >= 0"),
@@ -472,6 +473,52 @@ UNUSED = [
      ["--hw", "a100-nvlink", "--model", "resnet50", "--strategy", "decentralized",
       "--allreduce", "sparse", "--compress", "topk:0.01", "--gossip"],
      "--gossip changes the graph every step: drop one"),
+    # 2026-11-28, a review's bad input that was priced as if valid
+    ("predict: a near strategy", "refdl.predict",
+     ["--hw", "a100-nvlink", "--model", "gpt2", "--strategy", "hybridd"],
+     "unknown --strategy 'hybridd'; did you mean hybrid?"),
+    ("predict: chunks of a plain schedule", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt3-1.3b", "--batch-size", "64", "--mesh",
+      "data=2,pipe=4", "--chunks", "2"],
+     "--chunks 2 needs --schedule interleaved or looped-bfs"),
+    ("predict: a schedule without stages", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt3-1.3b", "--batch-size", "64", "--mesh",
+      "data=4,model=2", "--schedule", "interleaved"],
+     "--schedule interleaved orders the work of 2 or more pipeline stages, and the mesh"),
+    ("predict: more chunks than layers", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt3-1.3b", "--batch-size", "64", "--mesh",
+      "data=2,pipe=4", "--schedule", "interleaved", "--chunks", "8", "--microbatches", "8"],
+     "4 stages x 8 chunks = 32 need as many layers; gpt3-1.3b has 24 (and its embedding"),
+    ("predict: a mesh axis data does not split", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "gpt2", "--strategy", "data", "--batch-size", "64",
+      "--mesh", "data=4,model=2"],
+     "--strategy data splits over data, not model; use --strategy hybrid or model"),
+    ("predict: a batch the workers do not divide", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model", "resnet50", "--strategy", "data", "--batch-size",
+      "100", "--workers", "1,8"],
+     "--batch-size 100 does not split over the 8 replicas of 8 workers"),
+    ("predict: a config's zero width", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model-shape-file", f"{T}/kv0.json"],
+     "num_key_value_heads is 0, which would be read as its default (heads)"),
+    ("predict: a compressed value width twice", "refdl.predict",
+     ["--hw", "p100-nvlink", "--strategy", "data", "--model", "resnet50", "--batch-size", "64",
+      "--workers", "8", "--compress", "topk:0.01,q8,q4", "--allreduce", "sparse"],
+     "--compress 'topk:0.01,q8,q4': a value width (q8, q4) given twice; give it once"),
+    ("predict: a folder as a config", "refdl.predict",
+     ["--hw", "h100-nvlink", "--model-shape-file", T],
+     "a folder, not a config.json"),
+    ("plan: a precision twice", "refdl.plan",
+     ["--hw", "a100-nvlink", "--model", "gpt3-1.3b", "--devices", "8", "--batch-size", "64",
+      "--precision", "bf16,bf16"],
+     "--precision 'bf16,bf16': give fp32, bf16 or fp32,bf16 (each once)"),
+    ("plan: a precision the card lacks", "refdl.plan",
+     ["--hw", "p100-nvlink", "--model", "gpt3-1.3b", "--devices", "8", "--batch-size", "64",
+      "--precision", "bf16"],
+     "--precision bf16: p100-nvlink's Tesla P100 SXM2 lists no bf16 peak"),
+    ("plan: a shape's negative sequence", "refdl.plan",
+     ["--hw", "a100-nvlink", "--model-shape", "layers=4,d_model=256,heads=4", "--devices",
+      "8", "--batch-size", "64", "--seq-len=-1"],
+     "--seq-len must be an integer in [1, 16777216] (got -1)"),
 ]
 
 CASES = [(name, "refdl.train", args, msg) for name, args, msg in TRAIN] + OTHERS + FOREIGN
@@ -610,6 +657,8 @@ def make_foreign_inputs(tmp: Path, profile: str) -> None:
     (tmp / "linked" / "checkpoints").symlink_to(tmp / "elsewhere")
     head = '[recipe]\nname = "x"\n[acceptable]\nTestAccuracy = { min = 0.5 }\n[fixed]\n'
     (tmp / "steplist.toml").write_text(head + 'model = "mlp"\nsteps = [1, 2]\n')
+    (tmp / "kv0.json").write_text('{"num_hidden_layers": 4, "hidden_size": 256, '
+                                  '"num_attention_heads": 4, "num_key_value_heads": 0}')  # fmt: skip
     (tmp / "recipeout.toml").write_text(head + 'model = "mlp"\nout = "/tmp/another-run"\n')
 
 

@@ -50,7 +50,12 @@ class Compression:
         head, *opts = text.split(",")
         kind, _, arg = head.partition(":")
         rounding, bits = "stochastic", 32
+        seen: set[str] = set()
         for opt in opts:
+            what = "a value width (q8, q4)" if opt in ("q8", "q4") else opt.partition("=")[0]
+            if what in seen:  # the last would win silently
+                raise UsageError(f"--compress {text!r}: {what} given twice; give it once")
+            seen.add(what)
             if opt in ("q8", "q4") and kind == "topk":
                 bits = int(opt[1:])
                 continue

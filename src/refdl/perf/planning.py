@@ -161,8 +161,11 @@ def plan_configurations(
         raise UsageError(f"--precision {','.join(bad)}: choose fp32 or bf16")
     profile = hw.load(hw_name)
     device = profile.need_device()
-    for p in precisions or ():
-        profile.dtype_for(p)  # one line where the device has no such precision
+    for p in precisions or ():  # one line where the device has no such precision
+        if p != "fp32" and profile.dtype_for(p) not in device.peak_flops:
+            raise UsageError(f"--precision {p}: {profile.name}'s {device.name} lists no "
+                             f"{p} peak; plan fp32 (or leave --precision out: every "
+                             "precision the device has)")  # fmt: skip
     limit = memory_limit if memory_limit is not None else device.memory_bytes
     # a limit above the profile's card (80 GiB on an 80 GB profile, or a larger card priced
     # on its sibling's profile) is taken, and said

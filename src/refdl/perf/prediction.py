@@ -229,8 +229,8 @@ BATCH_SPLIT = ("data_parallel", "zero_sharding", "parameter_server", "gossip")
 
 
 def _check_replicas(formula: str, batch: int, workers: int, opts: PredictOptions) -> None:
-    """Refuse a global batch smaller than the replicas it is split over: a replica
-    without a sample cannot step (train refuses any batch they do not divide)."""
+    """Refuse a global batch the replicas it is split over do not divide, as train
+    refuses it (a smaller one: a replica without a sample cannot step)."""
     if formula in BATCH_SPLIT:
         replicas = workers
     elif formula == "mesh":
@@ -240,6 +240,10 @@ def _check_replicas(formula: str, batch: int, workers: int, opts: PredictOptions
     if batch < replicas:
         raise UsageError(f"--batch-size {batch} is smaller than the {replicas} replicas it "
                          f"splits over at {workers} workers; give at least {replicas}")  # fmt: skip
+    if batch % replicas:
+        raise UsageError(f"--batch-size {batch} does not split over the {replicas} replicas "
+                         f"of {workers} workers (train refuses it); give a multiple of "
+                         f"{replicas}")  # fmt: skip
 
 
 def _by_axis(c: Any) -> dict[str, Any]:

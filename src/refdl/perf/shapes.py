@@ -40,6 +40,7 @@ ZERO_IS_DEFAULT = {"ffn": "4 x d_model", "kv_heads": "heads", "head_dim": "d_mod
                    "dense_ffn": "ffn", "v_head_dim": "head_dim",
                    "seq": "--seq-len or 2,048"}  # fmt: skip
 REQUIRED = ("layers", "d_model", "heads")
+AT_LEAST_ONE = (*REQUIRED, "vocab")  # the others may be 0 (no experts, no latent, ...)
 # The largest each key may be: far beyond any model trained (so that a typo is one line,
 # not a memory error); the widths' (d_model, ffn, heads, ...) is WIDEST.
 LIMITS = {"layers": 10_000, "dense_layers": 10_000, "seq": 1 << 24, "vocab": 1 << 24,
@@ -88,8 +89,8 @@ def parse_shape(text: str, seq_len: int | None = None) -> TransformerShape:
             raise UsageError(f"--model-shape: {key}={value!r} is not a number") from None
         if key in FLAGS and number not in (0, 1):
             raise UsageError(f"--model-shape: {key} is 0 or 1 (got {value})")
-        if number < 0:
-            raise UsageError(f"--model-shape: {key} must be >= 0 (got {value})")
+        if number < (least := 1 if key in AT_LEAST_ONE else 0):
+            raise UsageError(f"--model-shape: {key} must be >= {least} (got {value})")
         if number == 0 and key in ZERO_IS_DEFAULT:
             raise UsageError(f"--model-shape: {key}=0 would be read as its default "
                              f"({ZERO_IS_DEFAULT[key]}); leave {key} out for that, or give a "
@@ -113,7 +114,8 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
     prediction module is not counted (its reports' totals leave it out)."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"--model-shape-file {path}: no such file")
+        what = "a folder, not a config.json" if p.is_dir() else "no such file"
+        raise UsageError(f"--model-shape-file {path}: {what}")
     if p.stat().st_size > MAX_CONFIG_BYTES:
         raise UsageError(f"--model-shape-file {path}: larger than 1 MiB; not a config.json")
     try:
@@ -131,14 +133,25 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
             raise UsageError(f"{flag}: {name} must be {problem}")
         return v
 
+    def first(names: tuple[str, ...], key: str) -> int | None:
+        """The first of ``names`` the config gives; a 0 that would be read as ``key``'s
+        default is refused, as ``--model-shape`` refuses it."""
+        name, v = next(((n, v) for n in names if (v := number(n)) is not None), ("", None))
+        if v == 0 and key in ZERO_IS_DEFAULT:
+            raise UsageError(
+                f"{flag}: {name} is 0, which would be read as its default "
+                f"({ZERO_IS_DEFAULT[key]}); remove it for that, or give a size"
+            )
+        return v
+
     values: dict[str, object] = {}
     for key, names in HF.items():
-        found = next((v for n in names if (v := number(n)) is not None), None)
+        found = first(names, key)
         if found is not None:
             values[key] = found
     experts = int(values.get("experts") or 0)
-    ffn = number("moe_intermediate_size") if experts else None
-    ffn = ffn or number("intermediate_size") or number("n_inner")
+    moe = ("moe_intermediate_size",) if experts else ()
+    ffn = first((*moe, "intermediate_size", "n_inner"), "ffn")
     if ffn is not None:
         values["ffn"] = ffn
     if values.get("kv_lora") and isinstance(cfg.get("qk_nope_head_dim"), int):
@@ -165,13 +178,15 @@ def shape_from_config(path: str, seq_len: int | None = None) -> TransformerShape
 
 def _shape(values: dict[str, object], seq_len: int | None, flag: str) -> TransformerShape:
     if missing := [k for k in REQUIRED if values.get(k) is None]:
-        raise UsageError(f"{flag}: {', '.join(missing)} missing (needs layers, d_model, heads)")
+        names = (" or ".join(HF[k]) for k in missing) if flag != "--model-shape" else missing
+        raise UsageError(f"{flag}: {', '.join(names)} missing (needs layers, d_model, heads)")
     for key, v in values.items():
         if key == "capacity_factor" and not 0 < v <= 64:  # type: ignore[operator]
             raise UsageError(f"{flag}: capacity_factor must be above 0 and at most 64 (got {v})")
         if key in FLAGS or key in ("gated", "capacity_factor"):
             continue
-        if problem := Int(min=0, max=LIMITS.get(key, WIDEST)).problem(v):
+        least = 1 if key in AT_LEAST_ONE else 0
+        if problem := Int(min=least, max=LIMITS.get(key, WIDEST)).problem(v):
             raise UsageError(f"{flag}: {key} must be {problem}")
     kw = {KEYS.get(k, k): v for k, v in values.items()}
     kw["seq"] = seq_len or values.get("seq") or DEFAULT_SEQ
@@ -231,6 +246,8 @@ def model_named(model: str | None, shape: str | None, shape_file: str | None,
             "give one of --model NAME, --model-shape KEY=VALUE,... or "
             f"--model-shape-file config.json (got {', '.join(given) or 'none'})"
         )
+    if seq_len is not None and (problem := Int(min=1, max=1 << 24).problem(seq_len)):
+        raise UsageError(f"--seq-len must be {problem}")
     if model:
         return model, None
     found = parse_shape(shape, seq_len) if shape else shape_from_config(shape_file, seq_len)
