@@ -336,6 +336,8 @@ def _step_main(argv: list[str]) -> int:
             model = with_seq(model, args.seq_len)
         if args.strategy is None:  # a mesh of several axes is hybrid's
             args.strategy = "hybrid" if args.mesh else "data"
+        if args.workers is None and args.mesh:  # the mesh says the devices, or -1 asks
+            _check_mesh_devices(args.mesh)
         workers = _ints(args.workers if args.workers is not None else
                         _mesh_size(args.mesh) or "1,2,4,8")  # fmt: skip
         _check_strategy(args.strategy)
@@ -560,6 +562,17 @@ def _default_microbatches(traits: Any, mesh: str | None) -> int:
 def _pipe_of(mesh: str | None) -> int:
     """The ``pipe`` degree a ``--mesh`` names (1 without it or without one; -1: the rest)."""
     return dict(MeshLayout.parse(mesh).degrees).get("pipe", 1) if mesh else 1
+
+
+def _check_mesh_devices(mesh: str) -> None:
+    """A ``--mesh`` given without ``--workers``: its degrees name the devices (at most
+    ``1 << 20``), and a ``-1`` (the rest of the devices) needs ``--workers`` to say them."""
+    named = MeshSpec.devices_of(mesh)
+    if named is None:
+        raise UsageError(f"--mesh {mesh} gives an axis -1, the rest of the devices; say "
+                         "how many with --workers N, or give every degree")  # fmt: skip
+    if named > 1 << 20:
+        raise UsageError(f"--mesh {mesh} spans {named} devices; at most {1 << 20}")
 
 
 def _mesh_size(mesh: str | None) -> str | None:
