@@ -200,6 +200,15 @@ def test_main_job_is_a_hybrid_and_resume_needs_no_flags(tmp_path):
     b = summary_of(tmp_path / "b")
     assert b["resumed_from_step"] == 6 and b["mesh"] == a["mesh"] and b["devices"] == 8
     assert b["params_l2_norm"] == a["params_l2_norm"]  # same programs, same order: bit-equal
+    # resuming the completed run at its own --steps would run nothing and rewrite the
+    # summary without its figures: refused, the folder untouched
+    before = (tmp_path / "b" / "summary.json").read_bytes()
+    again = run_cli("--resume", str(tmp_path / "b"), "--steps", "12", "--no-progress")
+    assert again.returncode == 2 and stderr_lines(again) == [
+        f"refdl.train: error: --resume {tmp_path / 'b'}: the run completed its 12 steps; "
+        "raise --steps to continue it"
+    ]
+    assert (tmp_path / "b" / "summary.json").read_bytes() == before
 
 
 @pytest.mark.slow

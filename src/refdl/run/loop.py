@@ -15,6 +15,7 @@ takes the window's wall time per step as the step time.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import sys
@@ -168,9 +169,22 @@ def _initial_state(run: Run) -> tuple[TrainState, int]:
         raise UsageError(
             f"--resume checkpoint is at step {step}, past --steps {spec.steps}; raise --steps"
         )
+    if step == spec.steps and _completed(choice.path.parent.parent / "summary.json"):
+        raise UsageError(  # it would run nothing, and rewrite the summary without figures
+            f"--resume {spec.resume}: the run completed its {step} steps; raise --steps to "
+            "continue it"
+        )
     if processes.launched_rank() == 0:  # after the checks: bad input stays one line
         print(f"refdl: {choice.report()}", file=sys.stderr, flush=True)
     return strategy.from_checkpoint(view), step
+
+
+def _completed(summary: Path) -> bool:
+    """Whether a run folder's ``summary.json`` says it completed (unreadable: no)."""
+    try:
+        return json.loads(summary.read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 class _Loop:
