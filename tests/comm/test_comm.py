@@ -118,6 +118,9 @@ def test_rounding_is_an_option_of_the_quantizers_only():
     assert Compression.parse("qsgd:8,rounding=nearest").error_feedback  # biased: feedback
     assert not Compression.parse("qsgd:8").error_feedback
     for bad, says in (("topk:0.1,rounding=nearest", "an option of the quantizers"),
-                      ("qsgd:8,rounding=up", "is not rounding=stochastic")):  # fmt: skip
+                      ("qsgd:8,rounding=up", "is not rounding=stochastic"),
+                      ("qsgd:4,q8", "q8 sets the width of topk's kept values"),
+                      ("topk:0.1,q8,q4", "a value width \\(q8, q4\\) given twice"),
+                      ("qsgd:4,rounding=nearest,rounding=up", "rounding given twice")):  # fmt: skip
         with pytest.raises(UsageError, match=says):
             Compression.parse(bad)

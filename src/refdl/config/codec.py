@@ -59,6 +59,9 @@ class Compression:
             if opt in ("q8", "q4") and kind == "topk":
                 bits = int(opt[1:])
                 continue
+            if opt in ("q8", "q4"):
+                raise UsageError(f"--compress {text!r}: {opt} sets the width of topk's kept "
+                                 "values; the other codecs have none")  # fmt: skip
             key, _, value = opt.partition("=")
             if key != "rounding" or value not in ("stochastic", "nearest"):
                 raise UsageError(f"--compress {text!r}: {opt!r} is not rounding=stochastic, "

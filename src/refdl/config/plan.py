@@ -467,7 +467,7 @@ def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
     if p * v > n:
         raise UsageError(
             f"{p} stages x {v} chunks = {p * v} need at least as many layers; "
-            f"{model.name} has {n}: use fewer --stages or --chunks"
+            f"{model.name} has {n}: use fewer stages (--stages, or --mesh pipe=) or --chunks"
         )
     if spec.schedule == "interleaved" and n % (p * v):
         raise UsageError(
