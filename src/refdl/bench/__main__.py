@@ -49,6 +49,8 @@ def run_main(argv: list[str]) -> int:
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise UsageError(f"--set {pair!r}: give KEY=VALUE")
+            if key.replace("-", "_") in overrides:  # the last would win silently
+                raise UsageError(f"--set gives {key} twice; give it once")
             overrides[key.replace("-", "_")] = value
         if args.out and len(args.recipes) > 1:
             raise UsageError("--out takes one recipe; run the recipes one by one")

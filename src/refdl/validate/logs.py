@@ -129,6 +129,7 @@ CONFIG_VALUES = {
     "throughput": Choice(("per_step", "cumulative")),
 }
 CONFIG_KEYS = tuple(CONFIG_VALUES)
+SET_KEYS = (*CONFIG_KEYS, "precision")  # --set's: parity's envelope reads the precision
 
 
 @dataclasses.dataclass
@@ -304,6 +305,11 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set {item!r}: give KEY=VALUE")
+        if key.strip() not in SET_KEYS:  # a log may carry others; a typo here is ours
+            raise UsageError(f"--set {key.strip()}: not a configuration key; known: "
+                             f"{', '.join(SET_KEYS)}")  # fmt: skip
+        if key.strip() in out:  # the last would win silently
+            raise UsageError(f"--set gives {key.strip()} twice; give it once")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
