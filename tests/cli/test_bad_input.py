@@ -521,6 +521,12 @@ UNUSED = [
      ["run", str(ROOT / "recipes" / "digits-data.toml"), "--set", "devices=2", "--set",
       "devices=4"],
      "--set gives devices twice; give it once"),
+    ("validate: a start over another", "refdl.validate",
+     ["--export-start", f"{T}/oldstart", "--model", "mlp", "--steps", "2"],
+     "holds another start (fingerprint 0123456789abcdef; this one's"),
+    ("validate: a start into a run", "refdl.validate",
+     ["--export-start", f"{T}/arun", "--model", "mlp", "--steps", "2"],
+     "/arun holds a training run (config.json); give a new folder"),
     ("plan: a precision twice", "refdl.plan",
      ["--hw", "a100-nvlink", "--model", "gpt3-1.3b", "--devices", "8", "--batch-size", "64",
       "--precision", "bf16,bf16"],
@@ -671,6 +677,10 @@ def make_foreign_inputs(tmp: Path, profile: str) -> None:
     (tmp / "linked" / "checkpoints").symlink_to(tmp / "elsewhere")
     head = '[recipe]\nname = "x"\n[acceptable]\nTestAccuracy = { min = 0.5 }\n[fixed]\n'
     (tmp / "steplist.toml").write_text(head + 'model = "mlp"\nsteps = [1, 2]\n')
+    (tmp / "oldstart").mkdir()
+    (tmp / "oldstart" / "start.json").write_text('{"fingerprint": "0123456789abcdef"}')
+    (tmp / "arun").mkdir()
+    (tmp / "arun" / "config.json").write_text("{}")
     (tmp / "kv0.json").write_text('{"num_hidden_layers": 4, "hidden_size": 256, '
                                   '"num_attention_heads": 4, "num_key_value_heads": 0}')  # fmt: skip
     (tmp / "recipeout.toml").write_text(head + 'model = "mlp"\nout = "/tmp/another-run"\n')

@@ -270,6 +270,9 @@ def check_args(args: argparse.Namespace) -> None:
         writable_folder(args.report, "--report")
     if args.export_start:
         writable_folder(args.export_start, "--export-start")
+        if (Path(args.export_start) / "config.json").exists():  # a run's folder: not mixed
+            raise UsageError(f"--export-start {args.export_start} holds a training run "
+                             "(config.json); give a new folder")  # fmt: skip
     if args.seed_cache:
         writable_folder(args.seed_cache, "--seed-cache")
 

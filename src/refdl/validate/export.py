@@ -33,6 +33,7 @@ from refdl.adapters.layers import describe
 from refdl.adapters.torch import flatten
 from refdl.config.spec import RunSpec
 from refdl.data.order import global_batch_indices
+from refdl.errors import UsageError
 from refdl.run.build import build
 
 LOADERS = Path(__file__).parent / "loaders"
@@ -119,11 +120,26 @@ def start_of(spec: RunSpec) -> tuple[Any, dict[str, np.ndarray], np.ndarray, str
     return run, init, batches, fingerprint(run.spec, init, batches)  # resolved: defaults filled
 
 
+def _fingerprint_in(path: Path) -> str | None:
+    """The fingerprint of a ``start.json`` already there (None where there is none; a file
+    that is not one reads as a start of its own, "unreadable")."""
+    if not path.exists():
+        return None
+    try:
+        return str(json.loads(path.read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
 def export_start(config: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write the folder described in the module docstring; return ``start.json``'s dict."""
     spec = start_spec(config)
     run, init, batches, fp = start_of(spec)
     layers = describe(run.task.model, run.task.sample_x, covers="mlp, lenet5 and lstm_lm")
+    held = _fingerprint_in(out / "start.json")
+    if held not in (None, fp):  # a log may name the start there: never replaced by another
+        raise UsageError(f"--export-start {out} holds another start (fingerprint {held}; "
+                         f"this one's {fp}); give a new folder")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     torch_params, keras_params = torch_layout(layers, init), keras_layout(layers, init)
     np.savez(out / "init_refdl.npz", **init)
