@@ -248,6 +248,15 @@ def _mesh_plan(
         lambda: (check_experts(spec, mesh, model), check_layers(mesh, model, rules)),
         lambda: check_sequence(spec, mesh, model),
     )
+    idle = []  # an axis's options where the mesh has no such axis would change nothing
+    if mesh.context == 1 and spec.cp != "ring":
+        idle.append(f"--cp {spec.cp} sets how a context axis attends; the mesh has none "
+                    "(add context=N to --mesh, or drop it)")  # fmt: skip
+    if mesh.model == 1 and spec.preset is not None:
+        idle.append(f"--preset {spec.preset} splits layers over a model axis; the mesh has "
+                    "none (add model=N to --mesh, or drop it)")  # fmt: skip
+    if idle and not spec.resume:  # a resumed run's own settings, kept as it was started
+        raise problems(idle)
     chunks, cuts = spec.chunks, ()
     if mesh.pipe > 1 or traits.pipeline:
         if ranks > 1:
