@@ -116,7 +116,7 @@ def test_a_bad_shape_is_one_line(text, message):
 
 def test_a_config_file_is_read_as_data(tmp_path):
     for content, message in ((b"\x00\x01", "not JSON"), (b"[1, 2]", "not a JSON object"),
-                             (b"{}", "layers, d_model, heads missing")):  # fmt: skip
+                             (b"{}", "num_hidden_layers or n_layer, hidden_size or")):  # fmt: skip
         (tmp_path / "c.json").write_bytes(content)
         with pytest.raises(UsageError, match=message):
             shape_from_config(str(tmp_path / "c.json"))
