@@ -409,18 +409,18 @@ def test_an_optimizers_update_is_priced_by_its_bytes_once_a_step():
     assert adam.bubble_s == sgd.bubble_s and adam.comm_s == sgd.comm_s
     assert priced(mesh, 2, data_zero=1).update_s == pytest.approx(adam.update_s / 2)
     assert priced("fsdp=2,model=8,pipe=4", 2).update_s == pytest.approx(adam.update_s / 2)
-    # one device, through predict: Adam over SGD is 16 bytes a parameter; fp32 has no copy
-    shape = "layers=8,d_model=2048,heads=16,ffn=8192,vocab=50257,positions=1"
-    rows = {}
-    for opt in ("sgd", "adam"):
-        r = run_predict("--hw", "h100-nvlink", "--strategy", "single", "--workers", "1",
-                        "--model-shape", shape, "--seq-len", "2048", "--batch-size", "1",
-                        "--precision", "bf16", "--optimizer", opt, "--json")  # fmt: skip
-        assert r.returncode == 0, r.stderr
-        rows[opt] = json.loads(r.stdout)[0]
+    # one device, as predict prices it: Adam over SGD is 16 bytes a parameter
+    from refdl.perf.prediction import predict_steps
     from refdl.perf.shapes import parse_shape, register
+    from refdl.strategies import traits_of
 
-    params = model_cost(register(parse_shape(shape, 2048))).params
+    name = register(parse_shape("layers=8,d_model=2048,heads=16,ffn=8192,vocab=50257,"
+                                "positions=1", 2048))  # fmt: skip
+    rows = {opt: predict_steps("h100-nvlink", "single", traits_of("single"), name, 1, [1],
+                               opts=PredictOptions(optimizer_words=words),
+                               precision="bf16")[0]
+            for opt, words in (("sgd", 0), ("adam", 2))}  # fmt: skip
+    params = model_cost(name).params
     assert params == pytest.approx(0.609e9, rel=0.01)
     assert rows["adam"]["compute_update_s"] == pytest.approx(30 * params / 3.35e12, rel=1e-9)
     assert rows["adam"]["step_time_s"] - rows["sgd"]["step_time_s"] == pytest.approx(
