@@ -471,19 +471,13 @@ def _check_strategy(name: str) -> None:
 
 def _check_mesh_axes(args: argparse.Namespace, traits: Any) -> None:
     """A ``--mesh`` axis the strategy does not split over is refused, as ``refdl train``
-    refuses it (``refdl.config.plan``), instead of being priced as if absent."""
-    from refdl.config.mesh import AXES
+    refuses it (``refdl.config.plan.check_axes``), instead of being priced as if absent."""
+    from refdl.config.plan import check_axes
     from refdl.strategies import declared_traits
 
-    if not args.mesh or not traits.axes:
-        return
-    degrees = dict(MeshLayout.parse(args.mesh).degrees)
-    unused = [a for a in AXES if a not in traits.axes and degrees.get(a, 1) != 1]
-    if unused:
-        takers = sorted(n for n, t in declared_traits().items() if set(unused) <= set(t.axes))
-        where = f"use --strategy {' or '.join(takers)}" if takers else "no strategy takes it"
-        raise UsageError(f"--strategy {args.strategy} splits over {', '.join(traits.axes)}, "
-                         f"not {', '.join(unused)}; {where} for --mesh {args.mesh}")  # fmt: skip
+    if args.mesh and traits.axes:
+        degrees = dict(MeshLayout.parse(args.mesh).degrees)
+        check_axes(args.strategy, traits, degrees, args.mesh, declared_traits())
 
 
 def _check_pairings(args: argparse.Namespace, traits: Any, given: set[str]) -> None:

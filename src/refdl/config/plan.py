@@ -351,16 +351,23 @@ def mesh_of(
             f"--devices {spec.stages}"
         )
     mesh = spec.mesh or MeshSpec(**{traits.axes[0]: n})
-    unused = [a for a in AXES if a not in traits.axes and mesh.as_dict()[a] != 1]
+    check_axes(strategy, traits, mesh.as_dict(), str(spec.mesh), owners)
+    return mesh
+
+
+def check_axes(strategy: str, traits: Traits, degrees: Mapping[str, int], mesh: str,
+               owners: Mapping[str, Traits] | None = None) -> None:  # fmt: skip
+    """Axes of ``degrees`` (``--mesh`` ``mesh``) the strategy does not split over must be
+    1; the message names the strategies that use them, among ``owners``."""
+    unused = [a for a in AXES if a not in traits.axes and degrees.get(a, 1) != 1]
     if unused:
         only = ", ".join(traits.axes)
         takers = sorted(n for n, t in (owners or {}).items() if set(unused) <= set(t.axes))
         where = f"use --strategy {' or '.join(takers)}" if takers else "no strategy here takes it"
         raise UsageError(
             f"--strategy {strategy} splits over {only}, not {', '.join(unused)}; {where} for "
-            f"--mesh {spec.mesh}"
+            f"--mesh {mesh}"
         )
-    return mesh
 
 
 def check_batch_fits(batch_size: int, examples: int) -> None:
@@ -461,28 +468,8 @@ def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
             f"--schedule {spec.schedule} orders the work of 2 or more pipeline stages, and "
             "this run has 1; give --devices 2 or more (or --stages), or drop --schedule"
         )
-    if spec.chunks != 1 and spec.schedule not in LOOPED:
-        raise UsageError(f"--chunks {spec.chunks} needs --schedule interleaved or looped-bfs")
+    check_schedule(spec.schedule, spec.chunks, m, p, n, model.name)
     v = chunks_of(spec.schedule, spec.chunks)
-    if spec.schedule == "dualpipev" and m < 2 * p:
-        raise UsageError(
-            f"--schedule dualpipev needs at least 2 x stages = {2 * p} microbatches (got {m}); "
-            f"use --microbatches {2 * p} or more"
-        )
-    if spec.schedule == "interleaved" and m % p:
-        raise UsageError(
-            f"--schedule interleaved needs microbatches divisible by stages ({m} % {p} != 0)"
-        )
-    if p * v > n:
-        raise UsageError(
-            f"{p} stages x {v} chunks = {p * v} need at least as many layers; "
-            f"{model.name} has {n}: use fewer stages (--stages, or --mesh pipe=) or --chunks"
-        )
-    if spec.schedule == "interleaved" and n % (p * v):
-        raise UsageError(
-            f"--schedule interleaved needs the {n} layers of {model.name} to divide "
-            f"into {p} x {v} = {p * v} equal chunks; change --stages or --chunks"
-        )
     if spec.stage_boundaries is not None:
         cuts = list(spec.stage_boundaries)
         ordered = cuts == sorted(set(cuts)) and all(0 < c < n for c in cuts)
@@ -495,6 +482,42 @@ def pipeline_cuts(spec: RunSpec, model: ModelShape, p: int) -> tuple[int, ...]:
     if spec.schedule == "interleaved":
         return tuple(range(n // (p * v), n, n // (p * v)))
     return tuple(balance([max(layer.size, 1) for layer in model.layers], p * v))
+
+
+def check_schedule(schedule: str, chunks: int, microbatches: int, pipe: int, layers: int,
+                   name: str, even: bool = True) -> None:  # fmt: skip
+    """Refuse a schedule ``pipe`` stages of ``layers`` layers cannot run (``layers`` 0:
+    not known, not checked): train's rules, which ``refdl predict`` prices by too.
+    ``even=False`` (a transformer's mesh in predict, which prices published layouts)
+    leaves out the rules on how layers and microbatches divide: Megatron-LM and
+    torchtitan run uneven chunks, and Zero Bubble's 8 x 3 chunks of a 22-layer model give
+    its embedding and its output layer a chunk each (at most ``layers + 2`` chunks)."""
+    m, p = microbatches, pipe
+    if chunks != 1 and schedule not in LOOPED:
+        raise UsageError(f"--chunks {chunks} needs --schedule interleaved or looped-bfs")
+    v = chunks_of(schedule, chunks)
+    if schedule == "dualpipev" and m < 2 * p:
+        raise UsageError(
+            f"--schedule dualpipev needs at least 2 x stages = {2 * p} microbatches (got {m}); "
+            f"use --microbatches {2 * p} or more"
+        )
+    if even and schedule == "interleaved" and m % p:
+        raise UsageError(
+            f"--schedule interleaved needs microbatches divisible by stages ({m} % {p} != 0); "
+            f"use --microbatches {p * -(-m // p)}"
+        )
+    most = layers if even else layers + 2  # the embedding and the output layer a chunk each
+    if layers and p * v > most:
+        extra = "" if even else " (and its embedding and output layer)"
+        raise UsageError(
+            f"{p} stages x {v} chunks = {p * v} need at least as many layers; {name} has "
+            f"{layers}{extra}: use fewer stages (--stages, or --mesh pipe=) or --chunks"
+        )
+    if even and schedule == "interleaved" and layers and layers % (p * v):
+        raise UsageError(
+            f"--schedule interleaved needs the {layers} layers of {name} to divide "
+            f"into {p} x {v} = {p * v} equal chunks; change the stages or --chunks"
+        )
 
 
 def balance(costs: list[int], parts: int) -> list[int]:

@@ -25,8 +25,9 @@ from typing import Any
 
 from refdl.comm.compress import SPARSE, make_codec
 from refdl.comm.topology import adjacency
-from refdl.config.choices import LOOPED, SPLIT_BACKWARD, V_SHAPED, chunks_of
+from refdl.config.choices import SPLIT_BACKWARD, V_SHAPED, chunks_of
 from refdl.config.mesh import MeshSpec
+from refdl.config.plan import check_schedule
 from refdl.core.layers import sfb_mode
 from refdl.errors import UsageError
 from refdl.parallel.schedule import bubble as bubble_fraction
@@ -394,8 +395,7 @@ def pipeline(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -
     messages (activation, gradient) of B/M boundary samples per slot. The zero-bubble
     schedules make three calls per microbatch and chunk (F, B, W) instead of two."""
     p, mb = workers, opts.microbatches
-    layers_all = m.transformer.layers if m.transformer is not None else m.layers
-    check_schedule(layers_all, m.name, p, opts)  # as refdl train refuses them
+    _check_schedule(m, p, opts)  # as refdl train refuses them
     v = chunks_of(opts.schedule, opts.chunks)
     if batch % mb:
         raise UsageError(f"--batch-size {batch} does not split into {mb} microbatches")
@@ -436,40 +436,12 @@ def _check_model_degree(m: ModelCost, k: int) -> None:
         raise UsageError(problem)
 
 
-def check_schedule(layers: int, name: str, pipe: int, opts: PredictOptions,
-                   even: bool = True) -> None:  # fmt: skip
-    """Refuse the schedules ``refdl train`` refuses for ``pipe`` stages of ``layers``
-    layers (``refdl.config.plan.pipeline_cuts``): their price would be of a layout that
-    cannot run (``layers`` 0: not known, not checked). ``even=False`` (a transformer's
-    mesh, which prices published layouts too) leaves out train's own rules on how layers
-    and microbatches divide: Megatron-LM and torchtitan run uneven chunks (the busiest
-    device sets the pace, ``transformer_step``), and Zero Bubble's 8 x 3 chunks of a
-    22-layer model give its embedding and its output layer a chunk each: at most
-    ``layers + 2`` chunks there."""
-    s, m = opts.schedule, opts.microbatches
-    name = "the shape" if name.startswith("shape:") else name  # --model-shape's own: long
-    if opts.chunks != 1 and s not in LOOPED:
-        raise UsageError(f"--chunks {opts.chunks} needs --schedule interleaved or looped-bfs")
-    v = chunks_of(s, opts.chunks)
-    if s == "dualpipev" and m < 2 * pipe:
-        raise UsageError(
-            f"--schedule dualpipev needs at least 2 x stages = {2 * pipe} "
-            f"microbatches (got {m}); use --microbatches {2 * pipe} or more"
-        )
-    if even and s == "interleaved" and m % pipe:
-        raise UsageError(
-            f"--schedule interleaved needs microbatches divisible by stages "
-            f"({m} % {pipe} != 0); use --microbatches {pipe * -(-m // pipe)}"
-        )
-    most = layers if even else layers + 2  # the embedding and the output layer a chunk each
-    if layers and pipe * v > most:
-        extra = "" if even else " (and its embedding and output layer)"
-        raise UsageError(f"{pipe} stages x {v} chunks = {pipe * v} need as many layers; "
-                         f"{name} has {layers}{extra}: use fewer stages or --chunks")  # fmt: skip
-    if even and s == "interleaved" and layers and layers % (pipe * v):
-        raise UsageError(f"--schedule interleaved needs the {layers} layers of {name} to "
-                         f"divide into {pipe} x {v} = {pipe * v} equal chunks; change pipe "
-                         "or --chunks")  # fmt: skip
+def _check_schedule(m: ModelCost, pipe: int, opts: PredictOptions, even: bool = True) -> None:
+    """``refdl.config.plan.check_schedule`` on ``m``'s layers (a user's shape named
+    short): a schedule train refuses is not priced."""
+    layers = m.transformer.layers if m.transformer is not None else m.layers
+    name = "the shape" if m.name.startswith("shape:") else m.name
+    check_schedule(opts.schedule, opts.chunks, opts.microbatches, pipe, layers, name, even)
 
 
 def hybrid_mesh(workers: int, opts: PredictOptions) -> MeshSpec:
@@ -487,9 +459,8 @@ def hybrid(m: ModelCost, hw, batch: int, workers: int, opts: PredictOptions) -> 
     all six axes by ``transformer_step``."""
     mesh = hybrid_mesh(workers, opts)
     _check_model_degree(m, mesh.model)
-    layers = m.transformer.layers if m.transformer is not None else m.layers
     if mesh.pipe > 1:
-        check_schedule(layers, m.name, mesh.pipe, opts, even=m.transformer is None)
+        _check_schedule(m, mesh.pipe, opts, even=m.transformer is None)
     elif opts.schedule != "1f1b" or opts.chunks != 1:
         what = (f"--schedule {opts.schedule}" if opts.schedule != "1f1b"
                 else f"--chunks {opts.chunks}")  # fmt: skip
